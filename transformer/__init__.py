@@ -1,0 +1,1 @@
+"""Encoder-decoder Transformer for translation: model, data pipeline, training and evaluation."""

@@ -1,0 +1,349 @@
+"""Typed configuration: the one place where every default lives.
+
+Hydra composes YAML (which only overrides) on top of these dataclass schemas, so a misspelt key or a
+wrong type fails at compose time naming the key. Range checks live in ``__post_init__``, which
+``OmegaConf.to_object`` runs, and name the dotted key. Choices are ``Enum`` fields, so Hydra lists the
+valid values when given another.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range or inconsistent; the message names the dotted key."""
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Choices
+# --------------------------------------------------------------------------------------------------
+
+
+class CorpusKind(enum.Enum):
+    multi30k = "multi30k"  # downloaded (or copied from data.source_dir) and checksum-verified
+    custom = "custom"  # any folder of {split}.{lang}[.gz] files
+
+
+class TokenizerKind(enum.Enum):
+    sentencepiece = "sentencepiece"
+    word = "word"
+
+
+class SentencePieceModel(enum.Enum):
+    bpe = "bpe"
+    unigram = "unigram"
+
+
+class NormPosition(enum.Enum):
+    pre = "pre"  # LayerNorm before each sub-layer (stable without long warm-up)
+    post = "post"  # LayerNorm after the residual add, as in Vaswani et al. (2017)
+
+
+class PositionKind(enum.Enum):
+    sinusoidal = "sinusoidal"
+    learned = "learned"
+
+
+class Activation(enum.Enum):
+    relu = "relu"
+    gelu = "gelu"
+
+
+class GloveSide(enum.Enum):
+    src = "src"
+    tgt = "tgt"
+    both = "both"
+
+
+class Schedule(enum.Enum):
+    inverse_sqrt = "inverse_sqrt"  # linear warm-up, then lr * sqrt(warmup / step) (the paper's shape)
+    cosine = "cosine"  # linear warm-up, then cosine decay to min_lr at max_steps
+    constant = "constant"  # linear warm-up, then flat
+
+
+class Precision(enum.Enum):
+    auto = "auto"  # bf16 autocast on CUDA, fp32 on CPU
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class LengthNorm(enum.Enum):
+    gnmt = "gnmt"  # score / ((5 + len) / 6) ** alpha  (Wu et al., 2016)
+    average = "average"  # score / len
+    none = "none"
+
+
+# --------------------------------------------------------------------------------------------------
+# Groups
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenizerConfig:
+    """How text becomes ids. ``vocab_size`` caps the word-level vocabulary too."""
+
+    kind: TokenizerKind = TokenizerKind.sentencepiece
+    vocab_size: int = 8000
+    model_type: SentencePieceModel = SentencePieceModel.bpe
+    character_coverage: float = 1.0
+    joint: bool = True  # one vocabulary for source and target
+    lowercase: bool = False  # word-level only
+    min_freq: int = 1  # word-level only
+
+    def __post_init__(self) -> None:
+        _check(self.vocab_size >= 8, "data.tokenizer.vocab_size", f"must be >= 8, got {self.vocab_size}")
+        _check(
+            0.9 <= self.character_coverage <= 1.0,
+            "data.tokenizer.character_coverage",
+            f"must be in [0.9, 1.0], got {self.character_coverage}",
+        )
+        _check(self.min_freq >= 1, "data.tokenizer.min_freq", f"must be >= 1, got {self.min_freq}")
+
+
+@dataclass
+class DataConfig:
+    """Which parallel corpus, which direction, and how it is cleaned and tokenized."""
+
+    corpus: CorpusKind = CorpusKind.multi30k
+    dir: str = "data/multi30k"  # where the {split}.{lang}[.gz] files are (download target for multi30k)
+    source_dir: Optional[str] = None  # a local copy of Multi30k to use instead of downloading
+    src: str = "en"
+    tgt: str = "de"
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    max_pairs: Optional[int] = None  # keep only the first N training pairs (smoke runs)
+    max_len: int = 128  # drop training pairs with more tokens than this on either side
+    max_len_ratio: float = 3.0  # drop training pairs whose token-length ratio exceeds this
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.src != self.tgt, "data.src", f"source and target language are both {self.src!r}")
+        _check(self.max_pairs is None or self.max_pairs > 0, "data.max_pairs", f"must be > 0, got {self.max_pairs}")
+        _check(self.max_len >= 2, "data.max_len", f"must be >= 2, got {self.max_len}")
+        _check(self.max_len_ratio >= 1.0, "data.max_len_ratio", f"must be >= 1, got {self.max_len_ratio}")
+
+
+@dataclass
+class GloveConfig:
+    """Initialise embeddings from a GloVe-format vector file (text, .gz, .zip member, word2vec header)."""
+
+    path: Optional[str] = None
+    side: GloveSide = GloveSide.src
+    freeze: bool = False
+
+
+@dataclass
+class ModelConfig:
+    """Architecture. Stored in every checkpoint so the model can be rebuilt without YAML."""
+
+    d_model: int = 256
+    n_heads: int = 4
+    d_head: Optional[int] = None  # defaults to d_model // n_heads when that divides
+    d_ff: int = 1024
+    n_encoder_layers: int = 3
+    n_decoder_layers: int = 3
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: Activation = Activation.relu
+    norm: NormPosition = NormPosition.pre
+    positions: PositionKind = PositionKind.sinusoidal
+    max_positions: int = 1024
+    tie_output: bool = True  # decoder output projection shares the target embedding matrix
+    share_embeddings: bool = False  # one embedding for source and target (needs a joint vocabulary)
+    glove: GloveConfig = field(default_factory=GloveConfig)
+
+    def __post_init__(self) -> None:
+        for key in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
+            value = getattr(self, key)
+            _check(value > 0, f"model.{key}", f"must be > 0, got {value}")
+        if self.d_head is None:
+            _check(
+                self.d_model % self.n_heads == 0,
+                "model.d_head",
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                f"set model.d_head explicitly (e.g. model.d_head=64)",
+            )
+        else:
+            _check(self.d_head > 0, "model.d_head", f"must be > 0, got {self.d_head}")
+        for key in ("dropout", "attention_dropout"):
+            value = getattr(self, key)
+            _check(0.0 <= value < 1.0, f"model.{key}", f"must be in [0, 1), got {value}")
+
+    @property
+    def head_dim(self) -> int:
+        """The per-head size actually used."""
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+
+@dataclass
+class TrainingConfig:
+    """The optimisation loop. ``max_epochs``/``max_steps``/``max_minutes``: whichever comes first."""
+
+    seed: int = 1234
+    max_epochs: int = 40
+    max_steps: Optional[int] = None
+    max_minutes: Optional[float] = None
+    max_tokens: int = 4096  # padded source+target positions per batch, per process
+    accumulate: int = 1  # batches per optimizer step
+    lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
+    warmup_steps: int = 1000
+    schedule: Schedule = Schedule.inverse_sqrt
+    min_lr: float = 0.0  # floor for the cosine schedule
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_grad_norm: Optional[float] = 1.0
+    precision: Precision = Precision.auto
+    compile: bool = False
+    threads: Optional[int] = None  # torch intra-op threads on CPU (None: torch's default)
+    deterministic: bool = False
+    patience: Optional[int] = 8  # validations without a BLEU gain before stopping (None: never)
+    validate_every_steps: Optional[int] = None  # None: validate once per epoch
+    valid_max_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
+    log_every_steps: int = 50
+    keep_last: int = 2  # periodic checkpoints to keep besides best.pt
+    average_last: int = 0  # average the last N checkpoints for the final model (0: off)
+    n_samples: int = 3  # sample translations logged at each validation
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.max_epochs > 0, "training.max_epochs", f"must be > 0, got {self.max_epochs}")
+        _check(self.max_steps is None or self.max_steps > 0, "training.max_steps", f"must be > 0, got {self.max_steps}")
+        _check(
+            self.max_minutes is None or self.max_minutes > 0,
+            "training.max_minutes",
+            f"must be > 0, got {self.max_minutes}",
+        )
+        _check(self.max_tokens >= 16, "training.max_tokens", f"must be >= 16, got {self.max_tokens}")
+        _check(self.accumulate >= 1, "training.accumulate", f"must be >= 1, got {self.accumulate}")
+        _check(self.lr > 0, "training.lr", f"must be > 0, got {self.lr}")
+        _check(self.warmup_steps >= 0, "training.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "training.betas",
+               f"must be two numbers in [0, 1), got {list(self.betas)}")
+        _check(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
+               f"must be in [0, 1), got {self.label_smoothing}")
+        _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "training.clip_grad_norm",
+               f"must be > 0 or null, got {self.clip_grad_norm}")
+        _check(self.patience is None or self.patience > 0, "training.patience", f"must be > 0 or null, got {self.patience}")
+        _check(self.log_every_steps > 0, "training.log_every_steps", f"must be > 0, got {self.log_every_steps}")
+        _check(self.keep_last >= 1, "training.keep_last", f"must be >= 1, got {self.keep_last}")
+        _check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
+        _check(self.schedule is not Schedule.cosine or self.max_steps is not None, "training.max_steps",
+               "the cosine schedule needs training.max_steps")
+
+
+@dataclass
+class EvalConfig:
+    """Decoding and scoring. ``beam_size: 1`` is greedy search."""
+
+    beam_size: int = 5
+    length_penalty: float = 0.6  # GNMT alpha (length_norm=gnmt)
+    length_norm: LengthNorm = LengthNorm.gnmt
+    n_best: int = 1
+    max_len_a: float = 1.5  # hypotheses stop at max_len_a * source length + max_len_b tokens
+    max_len_b: int = 10
+    batch_size: int = 64  # sentences decoded together
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.beam_size >= 1, "eval.beam_size", f"must be >= 1, got {self.beam_size}")
+        _check(1 <= self.n_best <= self.beam_size, "eval.n_best",
+               f"must be in [1, eval.beam_size={self.beam_size}], got {self.n_best}")
+        _check(self.length_penalty >= 0, "eval.length_penalty", f"must be >= 0, got {self.length_penalty}")
+        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "eval.max_len_a",
+               "max_len_a and max_len_b must be >= 0")
+        _check(self.max_len_a > 0 or self.max_len_b > 0, "eval.max_len_b", "max length would be 0")
+        _check(self.batch_size >= 1, "eval.batch_size", f"must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class AttentionDumpConfig:
+    """Which sentences to draw attention maps for (test-set indices and/or given source texts)."""
+
+    indices: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    on_reference: bool = False  # also teacher-force on the reference translation
+    max_tokens: int = 48  # longer sentences are cut for the figures
+
+
+# --------------------------------------------------------------------------------------------------
+# Roots: one per command
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainConfig:
+    """``transformer-train``: prepare data, train, validate, and score the best model on the test set."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/train"  # train.yaml sets it to Hydra's run directory
+    resume: Optional[str] = None  # a run directory or a checkpoint file to continue from
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    def __post_init__(self) -> None:
+        if self.model.share_embeddings:
+            _check(self.data.tokenizer.joint, "model.share_embeddings",
+                   "needs one joint vocabulary (data.tokenizer.joint=true)")
+
+
+@dataclass
+class EvaluateConfig:
+    """``transformer-evaluate``: score a trained model on a test set with sacreBLEU."""
+
+    run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
+    checkpoint: Optional[str] = None  # or a checkpoint file
+    src_file: Optional[str] = None  # default: the run's test split
+    ref_file: Optional[str] = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    attention: AttentionDumpConfig = field(default_factory=AttentionDumpConfig)
+    output_dir: str = "outputs/evaluate"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
+               "give exactly one of run_dir=... or checkpoint=...")
+        _check((self.src_file is None) == (self.ref_file is None), "ref_file",
+               "src_file and ref_file go together")
+
+
+@dataclass
+class TranslateConfig:
+    """``transformer-translate``: translate lines from stdin or a file, one line out per line in."""
+
+    run_dir: Optional[str] = None
+    checkpoint: Optional[str] = None
+    input: Optional[str] = None  # default: stdin
+    output: Optional[str] = None  # default: stdout
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
+               "give exactly one of run_dir=... or checkpoint=...")
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (the YAML defaults lists start with these names)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(group="data", name="data_schema", node=DataConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="training", name="training_schema", node=TrainingConfig)
+    cs.store(group="eval", name="eval_schema", node=EvalConfig)

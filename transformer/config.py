@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional, TypeVar
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -115,7 +119,7 @@ class DataConfig:
     """Which parallel corpus, which direction, and how it is cleaned and tokenized."""
 
     corpus: CorpusKind = CorpusKind.multi30k
-    dir: str = "data/multi30k"  # where the {split}.{lang}[.gz] files are (download target for multi30k)
+    dir: Optional[str] = None  # where the {split}.{lang}[.gz] files are; multi30k: data/multi30k
     source_dir: Optional[str] = None  # a local copy of Multi30k to use instead of downloading
     src: str = "en"
     tgt: str = "de"
@@ -128,10 +132,17 @@ class DataConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     def __post_init__(self) -> None:
+        _check(self.corpus is not CorpusKind.custom or self.dir is not None, "data.dir",
+               "is required with data=custom, e.g. data.dir=/path/to/corpus")
         _check(self.src != self.tgt, "data.src", f"source and target language are both {self.src!r}")
         _check(self.max_pairs is None or self.max_pairs > 0, "data.max_pairs", f"must be > 0, got {self.max_pairs}")
         _check(self.max_len >= 2, "data.max_len", f"must be >= 2, got {self.max_len}")
         _check(self.max_len_ratio >= 1.0, "data.max_len_ratio", f"must be >= 1, got {self.max_len_ratio}")
+
+    @property
+    def corpus_dir(self) -> Path:
+        """The folder holding the corpus files (for Multi30k also the download target)."""
+        return Path(self.dir if self.dir is not None else "data/multi30k")
 
 
 @dataclass
@@ -337,13 +348,49 @@ class TranslateConfig:
                "give exactly one of run_dir=... or checkpoint=...")
 
 
+@dataclass
+class PrepareDataConfig:
+    """``transformer-prepare-data``: make a corpus ready (download/copy and verify Multi30k)."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+@dataclass
+class BenchmarkConfig:
+    """``transformer-benchmark``: training throughput, machine peak, MFU, decoding speed and memory."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/benchmark"
+    device: str = "auto"
+    train_steps: int = 20  # timed optimizer steps
+    untimed_steps: int = 3  # warm-up steps before timing
+    decode_sentences: Optional[int] = None  # None: the whole test set
+    matmul_size: int = 2048
+    checkpoint: Optional[str] = None  # decode with a trained model (else a randomly initialised one)
+
+    def __post_init__(self) -> None:
+        _check(self.train_steps > 0, "train_steps", f"must be > 0, got {self.train_steps}")
+        _check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
+
+
 def register_configs() -> None:
     """Store the schemas in Hydra's ConfigStore (the YAML defaults lists start with these names)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
-    cs.store(group="data", name="data_schema", node=DataConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="training", name="training_schema", node=TrainingConfig)
-    cs.store(group="eval", name="eval_schema", node=EvalConfig)
+    cs.store(name="prepare_data_schema", node=PrepareDataConfig)
+    cs.store(name="benchmark_schema", node=BenchmarkConfig)
+
+
+def to_plain_dict(cfg: Any) -> dict[str, Any]:
+    """A config dataclass as plain Python values (enums as their names), e.g. for checkpoints and JSON."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True, resolve=True)
+
+
+def from_plain_dict(schema: type[T], values: dict[str, Any]) -> T:
+    """Rebuild a config dataclass from ``to_plain_dict`` output, validating it like a composed config."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))

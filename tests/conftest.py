@@ -1,0 +1,59 @@
+"""Shared fixtures: config composition, the real Multi30k folder, and a tiny synthetic parallel corpus."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from transformer.config import register_configs
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs"
+
+
+def multi30k_dir() -> Path:
+    """The local Multi30k copy CI and benchmarks use (``MULTI30K_DIR``, default ``../shared/data/multi30k``)."""
+    return Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
+
+
+@pytest.fixture(scope="session")
+def multi30k() -> Path:
+    folder = multi30k_dir()
+    if not (folder / "train.en.gz").is_file():
+        pytest.skip(f"Multi30k not found in {folder} (set MULTI30K_DIR)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def compose_config():
+    """``compose_config(name, overrides) -> DictConfig`` against the real ``configs/`` folder."""
+    register_configs()
+
+    def _compose(name: str, overrides: list[str] | None = None) -> DictConfig:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            return compose(name, overrides=overrides or [])
+
+    return _compose
+
+
+def write_toy_corpus(folder: Path, n_train: int = 400, seed: int = 0) -> Path:
+    """A reversal task in {split}.{src,tgt}: the target is the source words in reverse order."""
+    rng = random.Random(seed)
+    words = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("val", 40), ("test", 40)):
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(n)]
+        (folder / f"{split}.src").write_text("".join(s + "\n" for s in src), encoding="utf-8")
+        (folder / f"{split}.tgt").write_text("".join(" ".join(reversed(s.split())) + "\n" for s in src),
+                                             encoding="utf-8")
+    return folder
+
+
+@pytest.fixture()
+def toy_corpus(tmp_path: Path) -> Path:
+    return write_toy_corpus(tmp_path / "toy")

@@ -1,0 +1,122 @@
+"""Every config composes and validates; bad keys and values fail at start-up naming the key."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from transformer.config import (
+    ConfigError,
+    EvaluateConfig,
+    ModelConfig,
+    NormPosition,
+    TrainConfig,
+    from_plain_dict,
+    to_plain_dict,
+)
+
+from conftest import CONFIG_DIR
+
+RUN = ["output_dir=/tmp/unused"]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_every_experiment_composes(compose_config, experiment, monkeypatch):
+    monkeypatch.setenv("GLOVE_PATH", "/some/glove.txt")
+    cfg = OmegaConf.to_object(compose_config("train", [f"experiment={experiment}", *RUN]))
+    assert isinstance(cfg, TrainConfig)
+
+
+@pytest.mark.parametrize("debug", _options("debug"))
+def test_every_debug_preset_composes(compose_config, debug):
+    cfg = OmegaConf.to_object(compose_config("train", [f"debug={debug}", *RUN]))
+    assert cfg.model.d_model == 32  # both presets use the tiny model
+
+
+@pytest.mark.parametrize("group", ["model", "training", "eval", "data"])
+def test_every_group_option_composes(compose_config, group):
+    extra = {"glove300": ["model.glove.path=x.txt"], "glove50": ["model.glove.path=x.txt"],
+             "custom": ["data.dir=d", "data.src=xx", "data.tgt=yy"], "toy_copy": ["data.dir=d"]}
+    for option in _options(group):
+        cfg = OmegaConf.to_object(compose_config("train", [f"{group}={option}", *extra.get(option, []), *RUN]))
+        assert isinstance(cfg, TrainConfig)
+
+
+def test_root_configs_compose(compose_config):
+    for name in ("prepare_data", "benchmark"):
+        OmegaConf.to_object(compose_config(name, ["output_dir=/tmp/x"] if name == "benchmark" else []))
+    cfg = OmegaConf.to_object(compose_config("evaluate", ["run_dir=outputs/train/x", *RUN]))
+    assert isinstance(cfg, EvaluateConfig) and cfg.eval.beam_size == 5
+    OmegaConf.to_object(compose_config("translate", ["checkpoint=x.pt", "eval=greedy"]))
+
+
+def test_defaults_are_the_dataclass_defaults(compose_config):
+    cfg = OmegaConf.to_object(compose_config("train", RUN))
+    assert cfg.model == ModelConfig() and cfg.training == TrainConfig().training
+
+
+def test_glove300_is_300_wide_with_8_heads_of_64(compose_config):
+    cfg = OmegaConf.to_object(compose_config("train", ["model=glove300", "model.glove.path=v.txt", *RUN]))
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.head_dim) == (300, 8, 64)
+
+
+def test_misspelt_key_names_the_key(compose_config):
+    with pytest.raises(ConfigCompositionException, match="model.n_head"):
+        compose_config("train", ["model.n_head=3", *RUN])
+
+
+def test_wrong_type_names_the_key(compose_config):
+    with pytest.raises(ConfigCompositionException, match="model.d_model=abc"):
+        compose_config("train", ["model.d_model=abc", *RUN])
+
+
+def test_bad_choice_lists_valid_values(compose_config):
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config("train", ["model.norm=middle", *RUN])
+    assert "pre" in str(error.value.__cause__) and "post" in str(error.value.__cause__)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("training.lr=-1", "training.lr"),
+    ("model.dropout=1.5", "model.dropout"),
+    ("eval.n_best=9", "eval.n_best"),
+    ("training.schedule=cosine", "training.max_steps"),
+    ("data.tgt=en", "data.src"),
+])
+def test_bad_value_names_the_key(compose_config, override, key):
+    with pytest.raises(ConfigError, match=f"^{key}:"):
+        OmegaConf.to_object(compose_config("train", [override, *RUN]))
+
+
+def test_indivisible_heads_require_d_head():
+    with pytest.raises(ConfigError, match="model.d_head"):
+        ModelConfig(d_model=300, n_heads=8)
+    assert ModelConfig(d_model=300, n_heads=8, d_head=64).head_dim == 64
+
+
+def test_custom_data_needs_its_folder(compose_config):
+    with pytest.raises(ConfigError, match="^data.dir: is required"):
+        OmegaConf.to_object(compose_config("train", ["data=custom", "data.src=a", "data.tgt=b", *RUN]))
+
+
+def test_evaluate_needs_exactly_one_model_source(compose_config):
+    with pytest.raises(ConfigError, match="run_dir"):
+        OmegaConf.to_object(compose_config("evaluate", RUN))
+
+
+def test_plain_dict_round_trip():
+    cfg = TrainConfig(model=ModelConfig(d_model=300, n_heads=8, d_head=64, norm=NormPosition.post))
+    plain = to_plain_dict(cfg)
+    assert plain["model"]["norm"] == "post"
+    assert from_plain_dict(TrainConfig, plain) == cfg
+
+
+def test_glove_model_without_a_vector_file_says_how_to_give_one(compose_config, monkeypatch):
+    monkeypatch.delenv("GLOVE_PATH", raising=False)
+    with pytest.raises(Exception, match="GLOVE_PATH"):
+        OmegaConf.to_object(compose_config("train", ["model=glove300", *RUN]))

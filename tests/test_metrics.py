@@ -1,0 +1,82 @@
+"""Metrics: BLEU/chrF against hand-computed values, signatures, token accuracy, perplexity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from transformer.metrics import Scores, corpus_scores, perplexity, token_accuracy
+
+
+def test_identical_text_scores_100() -> None:
+    lines = ["A man rides a bike.", "Two dogs play in the snow!"]
+    scores = corpus_scores(lines, lines)
+    assert isinstance(scores, Scores)
+    assert scores.bleu == pytest.approx(100.0)
+    assert scores.chrf == pytest.approx(100.0)
+    assert scores.n_sentences == 2
+
+
+def test_bleu_matches_hand_computed_ngram_precisions() -> None:
+    # hyp: the cat sat on the mat / ref: the cat sat on a mat
+    # clipped n-gram matches: 1-gram 5/6, 2-gram 3/5 (the cat, cat sat, sat on), 3-gram 2/4, 4-gram 1/3;
+    # equal lengths -> brevity penalty 1; BLEU = (5/6 * 3/5 * 2/4 * 1/3) ** (1/4).
+    expected = 100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25
+    scores = corpus_scores(["the cat sat on the mat"], ["the cat sat on a mat"])
+    assert scores.bleu == pytest.approx(expected, abs=1e-6)
+
+
+def test_bleu_brevity_penalty() -> None:
+    # every n-gram of the 4-token hypothesis matches; BP = exp(1 - 6/4).
+    scores = corpus_scores(["the cat sat on"], ["the cat sat on the mat"])
+    assert scores.bleu == pytest.approx(100 * math.exp(1 - 6 / 4), abs=1e-6)
+
+
+def test_bleu_tokenizes_punctuation_13a() -> None:
+    # 13a splits the final period, so "mat." and "mat ." are the same hypothesis.
+    assert corpus_scores(["the cat sat on the mat."], ["the cat sat on the mat ."]).bleu == pytest.approx(100.0)
+
+
+def test_disjoint_text_scores_zero() -> None:
+    scores = corpus_scores(["xyz qqq"], ["abc def"])
+    assert scores.bleu == pytest.approx(0.0)
+    assert scores.chrf == pytest.approx(0.0)
+
+
+def test_signatures_say_how_scores_were_computed() -> None:
+    scores = corpus_scores(["a b c d"], ["a b c d"])
+    for part in ("nrefs:1", "tok:13a", "case:mixed", "version:"):
+        assert part in scores.bleu_signature
+    assert "nrefs:1" in scores.chrf_signature and "case:mixed" in scores.chrf_signature
+    assert "BLEU = 100.00" in str(scores)
+
+
+def test_corpus_scores_rejects_mismatched_lengths() -> None:
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        corpus_scores(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="no sentences"):
+        corpus_scores([], [])
+
+
+def test_token_accuracy_ignores_padding() -> None:
+    pad = 0
+    target = torch.tensor([[5, 6, 7], [8, pad, pad]])
+    # predictions: row 0 -> 5, 9, 7 ; row 1 -> 1, 6(pad position), 6(pad position)
+    predicted = torch.tensor([[5, 9, 7], [1, 6, 6]])
+    logits = torch.nn.functional.one_hot(predicted, num_classes=10).float()  # (2, 3, 10)
+    assert token_accuracy(logits, target, pad) == pytest.approx(2 / 4)
+    with pytest.raises(ValueError, match="only padding"):
+        token_accuracy(logits, torch.zeros_like(target), pad)
+    with pytest.raises(ValueError, match="do not match"):
+        token_accuracy(logits[:, :2], target, pad)
+
+
+def test_perplexity() -> None:
+    assert perplexity(0.0, 10) == pytest.approx(1.0)
+    assert perplexity(10 * math.log(4.0), 10) == pytest.approx(4.0)
+    assert perplexity(torch.tensor(20 * math.log(3.0)), 20) == pytest.approx(3.0)
+    assert perplexity(1e6, 1) == math.inf
+    with pytest.raises(ValueError, match="n_tokens"):
+        perplexity(1.0, 0)

@@ -1,0 +1,205 @@
+"""Scaled dot-product attention (a free function) and multi-head attention with a free head size.
+
+Shape legend: batch, heads (n_heads), q_len (queries), k_len (keys), d_model, d_head, inner = n_heads * d_head.
+Masks are bool, True = may attend (see :mod:`transformer.masks`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Give query rows with no allowed key every key, and return which rows had any.
+
+    A row with no allowed key would be softmax over all ``-inf`` (NaN in value and gradient). The
+    dummy keys make the softmax finite; the caller multiplies the row's output by ``has_key`` (0) so
+    the row ends up exactly zero, with zero gradient.
+
+    Returns:
+        (safe_mask, has_key): same shape as ``mask``, and ``mask.any(-1, keepdim=True)``.
+    """
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len, 1)
+    return mask | ~has_key, has_key
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q Kᵀ / √d_head) V  (Vaswani et al., 2017, §3.2.1).
+
+    Two paths with the same numbers: when ``need_weights`` is True an explicit one that returns the
+    attention weights (for attention maps); otherwise PyTorch's fused ``F.scaled_dot_product_attention``
+    (training and decoding). Query rows whose mask allows no key give zeros (never NaN) on both paths.
+
+    Args:
+        query: (batch, heads, q_len, d_head).
+        key: (batch, heads, k_len, d_head).
+        value: (batch, heads, k_len, d_v).
+        mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len); None = all.
+        dropout_p: dropout on the attention weights (pass 0 at evaluation).
+        need_weights: also return the weights (before dropout).
+
+    Returns:
+        output (batch, heads, q_len, d_v) and weights (batch, heads, q_len, k_len) or None.
+    """
+    has_key = None
+    if mask is not None:
+        mask, has_key = _guard_empty_rows(mask)
+    if need_weights:
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (batch, heads, q_len, k_len)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if has_key is not None:
+            weights = weights * has_key  # empty rows -> all-zero weights
+        attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        output = attended @ value  # (batch, heads, q_len, d_v)
+        return output, weights
+    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    if has_key is not None:
+        output = output * has_key  # (batch, heads, q_len, d_v); empty rows -> zeros
+    return output, None
+
+
+@dataclass
+class KVCache:
+    """Projected keys and values of one attention layer, passed in and returned (never stored on modules).
+
+    ``static=True`` marks cross-attention K/V, projected once from the encoder memory and reused as is;
+    ``static=False`` marks decoder self-attention K/V, which grow by the new positions at every step.
+    """
+
+    key: Tensor  # (batch, heads, k_len, d_head)
+    value: Tensor  # (batch, heads, k_len, d_head)
+    static: bool = False
+
+    @property
+    def length(self) -> int:
+        """Number of cached key positions."""
+        return self.key.size(2)
+
+    def select(self, indices: Tensor) -> KVCache:
+        """Rows ``indices`` of the batch (reorder, repeat or drop rows; beam search)."""
+        return KVCache(self.key.index_select(0, indices), self.value.index_select(0, indices), self.static)
+
+
+@dataclass
+class AttentionOutput:
+    """What :class:`MultiHeadAttention` returns."""
+
+    output: Tensor  # (batch, q_len, d_model)
+    weights: Tensor | None  # (batch, heads, q_len, k_len) when need_weights
+    cache: KVCache | None  # the (extended) cache when one was given
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention whose head size need not divide ``d_model``.
+
+    Q, K and V project d_model -> n_heads·d_head, the output projection W_O maps n_heads·d_head ->
+    d_model, so d_model=300 with 8 heads of 64 works. Q, K, V weights live in one ``in_proj_weight``
+    (3·inner, d_model) so self-attention runs one matmul; without bias the layer has
+    4·d_model·n_heads·d_head parameters.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, dropout: float = 0.0,
+                 bias: bool = True) -> None:
+        super().__init__()
+        if d_head is None:
+            if d_model % n_heads != 0:
+                raise ValueError(
+                    f"MultiHeadAttention: d_model={d_model} is not divisible by n_heads={n_heads}; "
+                    f"give d_head explicitly (e.g. d_head=64)"
+                )
+            d_head = d_model // n_heads
+        if d_model <= 0 or n_heads <= 0 or d_head <= 0:
+            raise ValueError(f"MultiHeadAttention: sizes must be > 0, got d_model={d_model}, "
+                             f"n_heads={n_heads}, d_head={d_head}")
+        self.d_model, self.n_heads, self.d_head, self.dropout = d_model, n_heads, d_head, dropout
+        inner = n_heads * d_head
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * inner, d_model))  # rows: [W_Q; W_K; W_V]
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * inner)) if bias else None
+        self.out_proj = nn.Linear(inner, d_model, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform per projection (as if Q, K, V were separate layers), zero biases."""
+        for chunk in self.in_proj_weight.data.chunk(3, dim=0):
+            nn.init.xavier_uniform_(chunk)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def _project(self, x: Tensor, part: slice) -> Tensor:
+        """x (batch, len, d_model) through rows ``part`` of the in-projection -> (batch, len, k·inner)."""
+        bias = None if self.in_proj_bias is None else self.in_proj_bias[part]
+        return F.linear(x, self.in_proj_weight[part], bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(batch, len, inner) -> (batch, heads, len, d_head)."""
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)
+
+    def project_key_value(self, key: Tensor, value: Tensor | None = None) -> KVCache:
+        """Project keys/values once, e.g. the encoder memory for cross-attention (``static=True``).
+
+        Args:
+            key: (batch, k_len, d_model); value defaults to ``key``.
+
+        Returns:
+            A static :class:`KVCache` with (batch, heads, k_len, d_head) tensors.
+        """
+        inner = self.n_heads * self.d_head
+        if value is None or value is key:
+            k, v = self._project(key, slice(inner, 3 * inner)).chunk(2, dim=-1)  # 2 x (batch, k_len, inner)
+        else:
+            k = self._project(key, slice(inner, 2 * inner))
+            v = self._project(value, slice(2 * inner, 3 * inner))
+        return KVCache(self._split_heads(k), self._split_heads(v), static=True)
+
+    def forward(self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None = None,
+                need_weights: bool = False, cache: KVCache | None = None) -> AttentionOutput:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when all three are the same tensor).
+
+        Args:
+            query: (batch, q_len, d_model).
+            key, value: (batch, k_len, d_model); ignored (may be None) when ``cache`` is static.
+            mask: bool, True = may attend, broadcastable to (batch, heads, q_len, total_k_len).
+            need_weights: return the attention weights (explicit path) instead of the fused kernel.
+            cache: a growing self-attention cache (the new K/V are appended and the longer cache is
+                returned) or a static cross-attention cache from :meth:`project_key_value`.
+
+        Returns:
+            :class:`AttentionOutput` with output (batch, q_len, d_model), weights
+            (batch, heads, q_len, total_k_len) or None, and the cache (None when none was given).
+        """
+        inner = self.n_heads * self.d_head
+        if cache is not None and cache.static:
+            q, kv = self._project(query, slice(0, inner)), cache
+        elif key is None or value is None:
+            raise ValueError("MultiHeadAttention: key and value are required without a static cache")
+        elif query is key and key is value:  # self-attention: one fused matmul
+            q, k, v = self._project(query, slice(0, 3 * inner)).chunk(3, dim=-1)  # 3 x (batch, len, inner)
+            kv = KVCache(self._split_heads(k), self._split_heads(v))
+        else:
+            q, kv = self._project(query, slice(0, inner)), self.project_key_value(key, value)
+            kv.static = False
+        if cache is not None and not cache.static and cache.length > 0:  # an empty cache adds nothing
+            kv = KVCache(torch.cat([cache.key, kv.key], dim=2), torch.cat([cache.value, kv.value], dim=2))
+        q = self._split_heads(q)  # (batch, heads, q_len, d_head)
+        dropout_p = self.dropout if self.training else 0.0
+        context, weights = scaled_dot_product_attention(q, kv.key, kv.value, mask, dropout_p, need_weights)
+        batch, _, q_len, _ = context.shape
+        context = context.transpose(1, 2).reshape(batch, q_len, inner)  # (batch, q_len, inner)
+        return AttentionOutput(self.out_proj(context), weights, kv if cache is not None else None)

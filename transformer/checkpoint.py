@@ -1,0 +1,228 @@
+"""Versioned training checkpoints: atomic writes, ``weights_only`` loads, rotation and averaging.
+
+A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
+
+    version          CHECKPOINT_VERSION
+    model            state dict of the unwrapped model (no ``module.``/``_orig_mod.`` prefixes)
+    optimizer        optimizer state dict
+    step, epoch      completed optimizer steps; epoch in progress (0-based)
+    sampler          the batch sampler's state dict (epoch, position) for exact mid-epoch resume
+    rng              list with one capture_rng_state() dict per rank
+    best_bleu, best_step, bad_validations, last_valid_step   early-stopping bookkeeping
+    reason           why it was written ("validation", "interrupt", "final", ...)
+
+plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every
+value must be loadable by ``torch.load(weights_only=True)``: tensors, str, int, float, bool, None and
+lists/tuples/dicts of them. :func:`save_checkpoint` checks this before writing so a bad value (an Enum,
+a Path) fails at save time naming its key, not at resume time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+CHECKPOINT_VERSION = 1
+TRAINER_KEYS = frozenset({
+    "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
+    "bad_validations", "last_valid_step", "reason",
+})
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor)
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be written or read; the message names the file (and key)."""
+
+
+def check_plain(value: object, key: str = "state") -> None:
+    """Raise :class:`CheckpointError` naming the first value ``weights_only`` loading would reject."""
+    if isinstance(value, _PLAIN):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise CheckpointError(f"{key}: key {k!r} of type {type(k).__name__} is not str or int")
+            check_plain(v, f"{key}.{k}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_plain(v, f"{key}[{i}]")
+        return
+    raise CheckpointError(
+        f"{key}: a {type(value).__name__} cannot be stored in a weights_only checkpoint; "
+        "convert it to plain types first (Enum -> .value, Path -> str, dataclass -> dict)"
+    )
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    """Write ``state`` (plus ``version``) to ``path`` atomically.
+
+    The data goes to a temporary file in the same directory, is flushed and fsynced, and then renamed over
+    ``path`` with ``os.replace``; a crash at any point leaves either the old file or the new one, never a
+    torn file, and the temporary file is removed on error.
+    """
+    path = Path(path)
+    state = {**state, "version": CHECKPOINT_VERSION}
+    check_plain(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(weights_only=True)``.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        CheckpointError: truncated/corrupt file, not a checkpoint dict, or a different format version.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError for torn or foreign files
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): {exc}") from exc
+    if not isinstance(state, dict) or "version" not in state:
+        raise CheckpointError(f"{path}: not a checkpoint of this project (no 'version' key)")
+    if state["version"] != CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format version {state['version']}, this code reads version {CHECKPOINT_VERSION}"
+        )
+    return state
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _link_atomically(source: Path, target: Path) -> None:
+    """Make ``target`` hold the same bytes as ``source``: hard link (no copy) or copy, then rename."""
+    tmp = target.with_name(f".{target.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:  # file systems without hard links
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class CheckpointManager:
+    """Checkpoint files of one run directory: ``last.pt``, ``best.pt`` and rotated ``step_{N}.pt``.
+
+    ``save`` writes ``step_{N}.pt`` once and points ``last.pt`` (and ``best.pt`` when ``is_best``) at the
+    same bytes via hard links, so a save costs one write. Only the newest ``keep_last`` step files are kept.
+    """
+
+    def __init__(self, directory: str | Path, keep_last: int) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+
+    @property
+    def last_path(self) -> Path:
+        return self.directory / "last.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.directory / "best.pt"
+
+    def save(self, state: dict, step: int, *, is_best: bool, periodic: bool = True) -> Path:
+        """Write ``state`` as the latest checkpoint; return the path written.
+
+        Args:
+            state: the checkpoint dict.
+            step: completed optimizer steps (names the rotated file).
+            is_best: also make it ``best.pt``.
+            periodic: keep a ``step_{N}.pt`` copy in the rotation (False: only ``last.pt``/``best.pt``).
+        """
+        if periodic:
+            written = self.directory / f"step_{step}.pt"
+            save_checkpoint(state, written)
+            _link_atomically(written, self.last_path)
+            self._rotate()
+        else:
+            written = self.last_path
+            save_checkpoint(state, written)
+        if is_best:
+            _link_atomically(written, self.best_path)
+        _fsync_directory(self.directory)
+        return written
+
+    def step_paths(self) -> list[Path]:
+        """The rotated ``step_{N}.pt`` files, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_FILE.match(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def latest(self) -> Path | None:
+        """``last.pt`` if it exists."""
+        return self.last_path if self.last_path.is_file() else None
+
+    def _rotate(self) -> None:
+        paths = self.step_paths()
+        for stale in paths[: max(len(paths) - self.keep_last, 0)]:
+            stale.unlink(missing_ok=True)
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the ``model`` state dicts of several checkpoints.
+
+    Floating-point tensors are averaged (accumulated in float64, returned in their own dtype); other
+    tensors (integer buffers) are taken from the last checkpoint. All checkpoints must hold the same keys
+    and shapes.
+    """
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint path")
+    total: dict[str, torch.Tensor] = {}
+    reference: dict[str, torch.Tensor] = {}
+    first = Path(paths[0])
+    for path in paths:
+        model = load_checkpoint(path)["model"]
+        if reference and model.keys() != reference.keys():
+            differing = sorted(set(model) ^ set(reference))
+            raise CheckpointError(f"{path}: parameters differ from {first}: {differing[:5]}")
+        for key, tensor in model.items():
+            if reference and tensor.shape != reference[key].shape:
+                raise CheckpointError(
+                    f"{path}: {key} has shape {tuple(tensor.shape)}, {first} has {tuple(reference[key].shape)}"
+                )
+            if tensor.is_floating_point():
+                total[key] = total[key] + tensor.double() if key in total else tensor.double()
+        reference = model
+    return {
+        key: (total[key] / len(paths)).to(tensor.dtype) if tensor.is_floating_point() else tensor
+        for key, tensor in reference.items()
+    }

@@ -1,0 +1,111 @@
+"""Console entry points (``transformer-train`` & co.): compose the Hydra config, convert it once to typed
+dataclasses, call one ``pipeline`` function, and turn expected failures into a one-line message.
+
+The ``configs/`` folder next to the package is the config root (an editable install keeps it there).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Callable
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from transformer.config import register_configs
+
+log = logging.getLogger(__name__)
+
+CONFIG_PATH = "../configs"
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Failures that deserve a clear message rather than a traceback."""
+    from transformer.checkpoint import CheckpointError
+    from transformer.config import ConfigError
+    from transformer.data import DataError
+    from transformer.glove import GloveError
+    from transformer.trainer import TrainingDiverged
+
+    return (ConfigError, DataError, GloveError, CheckpointError, TrainingDiverged, FileNotFoundError)
+
+
+def _run(command: Callable[[Any], Any], cfg: DictConfig) -> Any:
+    try:
+        typed = OmegaConf.to_object(cfg)  # runs every __post_init__ range check
+        return command(typed)
+    except _user_errors() as error:
+        log.error("%s", error)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
+def _train(cfg: DictConfig) -> float | None:
+    from transformer import pipeline
+
+    metrics = _run(pipeline.train, cfg)
+    return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="evaluate", version_base="1.3")
+def _evaluate(cfg: DictConfig) -> None:
+    from transformer import pipeline
+
+    _run(pipeline.evaluate, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="translate", version_base="1.3")
+def _translate(cfg: DictConfig) -> None:
+    from transformer import pipeline
+
+    _run(pipeline.translate, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="prepare_data", version_base="1.3")
+def _prepare_data(cfg: DictConfig) -> None:
+    from transformer import pipeline
+
+    _run(pipeline.prepare_data, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="benchmark", version_base="1.3")
+def _benchmark(cfg: DictConfig) -> None:
+    from transformer import benchmark
+
+    _run(benchmark.run, cfg)
+
+
+def train_main() -> None:
+    register_configs()
+    _train()
+
+
+def evaluate_main() -> None:
+    register_configs()
+    _evaluate()
+
+
+def translate_main() -> None:
+    register_configs()
+    _translate()
+
+
+def prepare_data_main() -> None:
+    register_configs()
+    _prepare_data()
+
+
+def benchmark_main() -> None:
+    register_configs()
+    _benchmark()
+
+
+def average_main() -> None:
+    """``transformer-average OUT.pt IN1.pt IN2.pt ...``: average model weights of checkpoints."""
+    from transformer import pipeline
+
+    if len(sys.argv) < 4:
+        sys.exit("usage: transformer-average OUT.pt IN1.pt IN2.pt [...]")
+    pipeline.average(sys.argv[2:], sys.argv[1])

@@ -1,0 +1,382 @@
+"""Batched greedy and beam search on the incremental decoder, and ``translate`` for lists of text lines.
+
+The searches only need a small *decoder protocol* (``Decoder`` below): ``encode(src) -> enc`` (with
+``enc.src_mask``), ``init_cache(enc) -> cache``, ``decode(tokens, enc, cache=None) -> out`` (with
+``out.logits`` and ``out.cache``), ``cache.select(indices)`` and a ``select_encoder(enc, indices)``
+function (``transformer.model.select_encoder_output`` by default). With ``use_cache=True`` each step feeds
+only the newest token and the returned cache; with ``use_cache=False`` each step recomputes the whole
+prefix (same output, slower; a test checks they agree).
+
+Rows whose sentence is finished are dropped from the batch at once (``cache.select`` and
+``select_encoder`` with the remaining rows), so later steps compute only on live sentences.
+
+Conventions shared by both searches:
+- scores are sums of float32 ``log_softmax`` log-probabilities; PAD and BOS are never generated;
+- a sentence of ``src_len`` real tokens gets at most ``max_len = max(1, floor(a * src_len + b))``
+  tokens (EOS not counted; ``max_tgt_len`` caps it, e.g. at the model's position limit); a hypothesis
+  that reaches it without EOS is finalized as it is;
+- the length used for normalization counts the EOS when there is one:
+  ``score = log_prob / lp(len)`` with ``lp = ((5 + len) / 6) ** alpha`` (GNMT, Wu et al. 2016),
+  ``lp = len`` (average) or ``lp = 1`` (none).
+
+Beam search (per step): *expand* every alive hypothesis by every token, keep the 2·beam best
+continuations by raw log-prob; *select*: those ending in EOS among the best ``beam`` become finished
+hypotheses, the best ``beam`` others stay alive. A sentence is done when it has ``beam`` finished
+hypotheses (fairseq's stopping rule), or earlier when ``n_best`` finished ones cannot be beaten: the
+n_best-th finished score is >= ``max alive log_prob / lp(max_len)``, an upper bound on the normalized
+score of any continuation (log-probs only fall, lp only grows). The early exit never changes the result.
+*finalize*: at ``max_len`` the alive hypotheses join the finished ones; the ``n_best`` best are returned.
+With ``beam_size=1`` this is exactly greedy search.
+
+Shape names: batch (sentences), beam, rows (live sentences x beam), step, vocab.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer.config import EvalConfig, LengthNorm
+from transformer.model import select_encoder_output
+
+log = logging.getLogger(__name__)
+
+SelectEncoder = Callable[[Any, Tensor], Any]
+
+
+class Decoder(Protocol):
+    """What the searches need from a model (``transformer.model.Transformer`` is one)."""
+
+    def encode(self, src: Tensor) -> Any: ...  # -> object with .src_mask (batch, 1, 1, src_len)
+
+    def init_cache(self, encoder_out: Any) -> Any: ...  # -> object with .select(indices)
+
+    def decode(self, tgt_in: Tensor, encoder_out: Any, cache: Any = None) -> Any: ...  # .logits, .cache
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation of a sentence."""
+
+    tokens: list[int]  # generated ids, without BOS and EOS
+    score: float  # length-normalized log-probability (what n-best lists are sorted by)
+    log_prob: float  # summed log-probability of the tokens (and of EOS when the hypothesis ended with it)
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def length_penalty(length: int, alpha: float, norm: LengthNorm) -> float:
+    """The divisor of a hypothesis's log-probability: GNMT ``((5+len)/6)**alpha``, ``len`` or 1."""
+    if norm is LengthNorm.gnmt:
+        return ((5.0 + length) / 6.0) ** alpha
+    if norm is LengthNorm.average:
+        return float(length)
+    return 1.0
+
+
+def max_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: float,
+                max_tgt_len: int | None = None) -> list[int]:
+    """Per-sentence token limit ``max(1, floor(a * src_len + b))`` (capped at ``max_tgt_len``).
+
+    Args:
+        src: (batch, src_len) ids padded with ``pad_id``; src_len counts real tokens only.
+    """
+    real = (src != pad_id).sum(dim=1).tolist()  # (batch,)
+    limits = [max(1, math.floor(max_len_a * n + max_len_b)) for n in real]
+    return limits if max_tgt_len is None else [min(limit, max_tgt_len) for limit in limits]
+
+
+def _step_log_probs(model: Decoder, prefix: Tensor, enc: Any, cache: Any, banned: Sequence[int]) -> tuple[Tensor, Any]:
+    """Log-probabilities of the next token for every row.
+
+    Args:
+        prefix: (rows, step + 1) BOS and the tokens so far.
+        cache: the decoder cache (only ``prefix[:, -1:]`` is fed), or None to recompute the whole prefix.
+
+    Returns:
+        (rows, vocab) float32 log-probs with the ``banned`` ids at -inf, and the extended cache.
+    """
+    if cache is None:
+        out = model.decode(prefix, enc)
+    else:
+        out = model.decode(prefix[:, -1:], enc, cache)
+    log_probs = F.log_softmax(out.logits[:, -1].float(), dim=-1)  # (rows, vocab)
+    log_probs[:, list(banned)] = -math.inf
+    return log_probs, out.cache
+
+
+# --------------------------------------------------------------------------------------------------
+# Greedy search
+# --------------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def greedy_search(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_id: int, max_len_a: float,
+                  max_len_b: float, use_cache: bool = True, max_tgt_len: int | None = None,
+                  select_encoder: SelectEncoder = select_encoder_output) -> list[list[int]]:
+    """Arg-max decoding of a batch; finished sentences leave the batch.
+
+    Args:
+        src: (batch, src_len) source ids padded with ``pad_id``.
+
+    Returns:
+        For each sentence the generated ids, without BOS and EOS.
+    """
+    limits = max_lengths(src, pad_id, max_len_a, max_len_b, max_tgt_len)
+    enc = model.encode(src)
+    cache = model.init_cache(enc) if use_cache else None
+    live = list(range(src.size(0)))  # sentence index of each row
+    prefix = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # (rows, 1)
+    results: list[list[int]] = [[] for _ in live]
+    while live:
+        log_probs, cache = _step_log_probs(model, prefix, enc, cache, (pad_id, bos_id))
+        prefix = torch.cat([prefix, log_probs.argmax(dim=-1, keepdim=True)], dim=1)  # (rows, step + 1)
+        n_generated = prefix.size(1) - 1
+        last = prefix[:, -1].tolist()
+        done = [tok == eos_id or n_generated >= limits[s] for tok, s in zip(last, live)]
+        if not any(done):
+            continue
+        for row, s in enumerate(live):
+            if done[row]:
+                tokens = prefix[row, 1:].tolist()
+                results[s] = tokens[:-1] if tokens[-1] == eos_id else tokens
+        keep = [row for row, d in enumerate(done) if not d]
+        live = [live[row] for row in keep]
+        if live:
+            index = torch.tensor(keep, dtype=torch.long, device=src.device)
+            prefix, enc = prefix.index_select(0, index), select_encoder(enc, index)
+            cache = cache.select(index) if cache is not None else None
+    return results
+
+
+# --------------------------------------------------------------------------------------------------
+# Beam search: expand / select / finalize
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Candidates:
+    """The 2·beam best one-token continuations of each live sentence (by raw log-prob)."""
+
+    log_prob: Tensor  # (sentences, k) cumulative log-prob, sorted descending
+    parent: Tensor  # (sentences, k) beam slot the continuation extends
+    token: Tensor  # (sentences, k) the appended token
+
+
+def _expand(beam_log_prob: Tensor, step_log_probs: Tensor) -> _Candidates:
+    """Score every (hypothesis, token) pair and keep the best ``2 * beam`` per sentence.
+
+    Args:
+        beam_log_prob: (sentences, beam) cumulative log-probs, -inf for empty slots.
+        step_log_probs: (sentences * beam, vocab) next-token log-probs.
+    """
+    n, beam = beam_log_prob.shape
+    vocab = step_log_probs.size(-1)
+    total = beam_log_prob.unsqueeze(-1) + step_log_probs.view(n, beam, vocab)  # (sentences, beam, vocab)
+    k = min(2 * beam, beam * vocab)
+    best, flat = total.view(n, beam * vocab).topk(k, dim=1)  # (sentences, k)
+    return _Candidates(best, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab)
+
+
+def _select(cand: _Candidates, beam: int, eos_id: int) -> tuple[Tensor, Tensor]:
+    """Split candidates into finished ones and the next alive beam.
+
+    Returns:
+        finishing: (sentences, k) bool, EOS candidates among the ``beam`` best (finite score);
+        order: (sentences, beam) indices into the candidates of the ``beam`` best non-EOS ones
+        (an EOS candidate fills a slot only when fewer remain; the caller gives it -inf).
+    """
+    rank = torch.arange(cand.token.size(1), device=cand.token.device).expand_as(cand.token)  # (sentences, k)
+    is_eos = cand.token == eos_id
+    finishing = is_eos & (rank < beam) & torch.isfinite(cand.log_prob)
+    order = torch.argsort(rank + is_eos.long() * cand.token.size(1), dim=1)[:, :beam]  # (sentences, beam)
+    return finishing, order
+
+
+def _finalize(tokens: list[int], log_prob: float, ended: bool, alpha: float, norm: LengthNorm) -> Hypothesis:
+    """A hypothesis from its tokens (EOS excluded) and raw log-prob; EOS counts in the length."""
+    length = len(tokens) + (1 if ended else 0)
+    return Hypothesis(tokens, log_prob / length_penalty(max(length, 1), alpha, norm), log_prob)
+
+
+def _sentence_done(finished: list[Hypothesis], alive_best: float, beam: int, n_best: int, limit: int,
+                   alpha: float, norm: LengthNorm) -> bool:
+    """Beam full of finished hypotheses, or the n_best best cannot be beaten by any continuation."""
+    if len(finished) >= beam:
+        return True
+    if len(finished) < n_best:
+        return alive_best == -math.inf
+    kth = sorted((h.score for h in finished), reverse=True)[n_best - 1]
+    return kth >= alive_best / length_penalty(limit, alpha, norm)
+
+
+@dataclass
+class _Beams:
+    """Per-batch search state; sentence ``i`` owns rows ``i*beam ... i*beam+beam-1``."""
+
+    sentences: list[int]  # original index of each live sentence
+    log_prob: Tensor  # (sentences, beam) cumulative log-probs, -inf for empty slots
+    prefix: Tensor  # (rows, step + 1) BOS + tokens
+
+
+@torch.inference_mode()
+def beam_search(model: Decoder, src: Tensor, *, beam_size: int, n_best: int, length_penalty: float,
+                length_norm: LengthNorm, pad_id: int, bos_id: int, eos_id: int, max_len_a: float, max_len_b: float,
+                use_cache: bool = True, max_tgt_len: int | None = None,
+                select_encoder: SelectEncoder = select_encoder_output) -> list[list[Hypothesis]]:
+    """Batched beam search (see the module docstring for the rules).
+
+    Args:
+        src: (batch, src_len) source ids padded with ``pad_id``.
+        length_penalty: GNMT alpha (used with ``length_norm=gnmt``).
+
+    Returns:
+        For each sentence its ``n_best`` hypotheses, best (highest ``score``) first.
+    """
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"beam_search: n_best must be in [1, beam_size={beam_size}], got {n_best}")
+    alpha, norm, beam, device = length_penalty, length_norm, beam_size, src.device
+    limits = max_lengths(src, pad_id, max_len_a, max_len_b, max_tgt_len)
+    batch = src.size(0)
+    enc = select_encoder(model.encode(src), torch.arange(batch, device=device).repeat_interleave(beam))
+    cache = model.init_cache(enc) if use_cache else None
+    start = torch.full((batch, beam), -math.inf, device=device)
+    start[:, 0] = 0.0  # one live hypothesis per sentence at first, so the beam holds no duplicates
+    state = _Beams(list(range(batch)), start, torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device))
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    while state.sentences:
+        log_probs, cache = _step_log_probs(model, state.prefix, enc, cache, (pad_id, bos_id))
+        cand = _expand(state.log_prob, log_probs)
+        finishing, order = _select(cand, beam, eos_id)
+        _collect_finished(state, cand, finishing, beam, finished, alpha, norm)
+        rows = _advance(state, cand, order, eos_id)
+        done = _collect_at_limit(state, limits, finished, beam, n_best, alpha, norm)
+        keep = [i for i, d in enumerate(done) if not d]
+        rows = rows.view(len(done), beam)[keep].flatten()  # (live rows,) into the previous step's rows
+        if len(keep) < len(done):
+            enc_rows = (torch.tensor(keep, device=device).unsqueeze(1) * beam + torch.arange(beam, device=device))
+            enc = select_encoder(enc, enc_rows.flatten())
+            state.sentences = [state.sentences[i] for i in keep]
+            state.log_prob = state.log_prob[keep]
+            state.prefix = state.prefix.view(len(done), beam, -1)[keep].flatten(0, 1)
+        if cache is not None and state.sentences:
+            cache = cache.select(rows)
+    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
+
+
+def _collect_finished(state: _Beams, cand: _Candidates, finishing: Tensor, beam: int,
+                      finished: list[list[Hypothesis]], alpha: float, norm: LengthNorm) -> None:
+    """Turn the EOS candidates marked in ``finishing`` (sentences, k) into finished hypotheses."""
+    for i, j in finishing.nonzero().tolist():
+        row = i * beam + int(cand.parent[i, j])
+        tokens = state.prefix[row, 1:].tolist()
+        finished[state.sentences[i]].append(_finalize(tokens, float(cand.log_prob[i, j]), True, alpha, norm))
+
+
+def _advance(state: _Beams, cand: _Candidates, order: Tensor, eos_id: int) -> Tensor:
+    """Make the selected candidates the new beam; returns (rows,) the parent row of each new row."""
+    n, beam = order.shape
+    parent = cand.parent.gather(1, order)  # (sentences, beam)
+    token = cand.token.gather(1, order)  # (sentences, beam)
+    log_prob = cand.log_prob.gather(1, order)
+    state.log_prob = log_prob.masked_fill(token == eos_id, -math.inf)  # EOS only as filler: an empty slot
+    rows = (torch.arange(n, device=order.device).unsqueeze(1) * beam + parent).flatten()  # (rows,)
+    state.prefix = torch.cat([state.prefix.index_select(0, rows), token.view(-1, 1)], dim=1)  # (rows, step + 1)
+    return rows
+
+
+def _collect_at_limit(state: _Beams, limits: list[int], finished: list[list[Hypothesis]], beam: int,
+                      n_best: int, alpha: float, norm: LengthNorm) -> list[bool]:
+    """Which live sentences are done; those at their length limit finalize their alive hypotheses."""
+    n_generated = state.prefix.size(1) - 1
+    alive_best = state.log_prob.max(dim=1).values.tolist()  # (sentences,)
+    done: list[bool] = []
+    for i, s in enumerate(state.sentences):
+        if n_generated >= limits[s]:
+            for b, lp in enumerate(state.log_prob[i].tolist()):
+                if lp > -math.inf:
+                    tokens = state.prefix[i * beam + b, 1:].tolist()
+                    finished[s].append(_finalize(tokens, lp, False, alpha, norm))
+            done.append(True)
+        else:
+            done.append(_sentence_done(finished[s], alive_best[i], beam, n_best, limits[s], alpha, norm))
+    return done
+
+
+# --------------------------------------------------------------------------------------------------
+# Text in, text out
+# --------------------------------------------------------------------------------------------------
+
+
+def translate(model: Decoder, texts: list[str], src_tok: Any, tgt_tok: Any, cfg: EvalConfig,
+              device: torch.device | str, max_src_len: int) -> list[list[str]]:
+    """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order.
+
+    Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
+    batches of ``cfg.batch_size``. An empty (or all-whitespace) line gives ``n_best`` empty strings
+    without running the model. A line longer than ``max_src_len`` tokens is cut to that length with a
+    warning; hypotheses are capped at ``max_src_len`` tokens too (pass the model's position limit).
+    ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
+    """
+    ids = _encode_sources(texts, src_tok, max_src_len)
+    outputs: list[list[str]] = [[""] * cfg.n_best for _ in texts]
+    todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(todo), cfg.batch_size):
+                chunk = todo[start:start + cfg.batch_size]
+                src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
+                for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_src_len)):
+                    outputs[i] = [tgt_tok.decode(tokens) for tokens in nbest]
+    finally:
+        if was_training:
+            model.train()
+    return outputs
+
+
+def _encode_sources(texts: list[str], src_tok: Any, max_src_len: int) -> list[list[int]]:
+    """Source ids per line (empty for blank lines), cut to ``max_src_len`` with a warning."""
+    ids: list[list[int]] = []
+    for line_no, text in enumerate(texts, start=1):
+        seq = src_tok.encode(text) if text.strip() else []
+        if len(seq) > max_src_len:
+            message = f"input line {line_no}: {len(seq)} source tokens, truncated to {max_src_len}"
+            warnings.warn(message, stacklevel=3)
+            log.warning(message)
+            seq = seq[:max_src_len]
+        ids.append(seq)
+    return ids
+
+
+def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
+    """(batch, longest) long tensor of the sequences right-padded with ``pad_id``."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out.to(device)
+
+
+def _search(model: Decoder, src: Tensor, tgt_tok: Any, cfg: EvalConfig, max_tgt_len: int) -> list[list[list[int]]]:
+    """n-best token lists per sentence with the search ``cfg`` asks for."""
+    special = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)
+    if cfg.beam_size == 1:
+        greedy = greedy_search(model, src, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
+                               use_cache=cfg.use_cache, max_tgt_len=max_tgt_len, **special)
+        return [[tokens] for tokens in greedy]
+    beams = beam_search(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, length_penalty=cfg.length_penalty,
+                        length_norm=cfg.length_norm, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
+                        use_cache=cfg.use_cache, max_tgt_len=max_tgt_len, **special)
+    return [[h.tokens for h in hyps] for hyps in beams]

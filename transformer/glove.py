@@ -1,0 +1,238 @@
+"""Read GloVe-format word vectors and initialise embedding rows from them.
+
+Accepted files: plain text (``word v1 … vd`` per line), gzipped text (``.gz``), a member of a ``.zip``
+(``glove.6B.zip`` with the member chosen by dimension, or ``archive.zip:member.txt``), and text with a
+word2vec header line (``N D``). Files are streamed: with a vocabulary given, only the vectors of needed
+words are parsed and kept, so the 400k-line Stanford files never become a 400k-entry dict.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zipfile
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+class GloveError(ValueError):
+    """A vector file is missing, malformed or of the wrong dimension; the message names file and line."""
+
+
+@dataclass
+class Coverage:
+    """How much of a vocabulary found a vector."""
+
+    n_types: int  # vocabulary entries considered (special ids excluded)
+    n_types_found: int
+    type_rate: float  # n_types_found / n_types
+    token_rate: float | None  # share of corpus tokens whose type was found (when counts were given)
+
+
+@dataclass
+class Vectors:
+    """Vectors read from a file: ``matrix[index[word]]`` is the vector of ``word``."""
+
+    path: str
+    dim: int
+    index: dict[str, int]
+    matrix: Tensor  # (n_words, dim) float32
+
+
+def _split_spec(path: str | Path) -> tuple[Path, str | None]:
+    """``archive.zip:member.txt`` -> (archive path, member); any other path -> (path, None)."""
+    text = str(path)
+    marker = text.lower().find(".zip:")
+    if marker >= 0:
+        return Path(text[: marker + 4]), text[marker + 5 :]
+    return Path(text), None
+
+
+def _header_dim(first_line: str) -> int | None:
+    """D when the line is a word2vec header ``N D``, else None."""
+    parts = first_line.split()
+    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def _line_dim(line: str) -> int:
+    """Dimension of a vector file from its first line (header or vector line)."""
+    header = _header_dim(line)
+    return header if header is not None else len(line.rstrip().split(" ")) - 1
+
+
+def _pick_member(archive: zipfile.ZipFile, zip_path: Path, dim: int | None) -> str:
+    """The text member to read: the only one, or the one whose vectors have ``dim`` entries."""
+    members = [n for n in archive.namelist() if not n.endswith("/")]
+    if len(members) == 1:
+        return members[0]
+    if dim is None:
+        raise GloveError(f"{zip_path}: holds {len(members)} files {members}; name one as "
+                         f"'{zip_path}:MEMBER' or give the expected dimension")
+    dims = {}
+    for name in members:
+        with archive.open(name) as raw:
+            dims[name] = _line_dim(io.TextIOWrapper(raw, encoding="utf-8").readline())
+    matching = [n for n, d in dims.items() if d == dim]
+    if not matching:
+        raise GloveError(f"{zip_path}: no member has {dim}-dimensional vectors (found {dims})")
+    return matching[0]
+
+
+@contextmanager
+def _open_lines(path: str | Path, dim: int | None) -> Iterator[tuple[str, Iterator[str]]]:
+    """Yield (display name, text lines) for a plain, gzipped or zipped vector file."""
+    file_path, member = _split_spec(path)
+    if not file_path.exists():
+        raise GloveError(f"{file_path}: vector file not found")
+    if file_path.suffix.lower() == ".zip":
+        with zipfile.ZipFile(file_path) as archive:
+            if member is None:
+                member = _pick_member(archive, file_path, dim)
+            elif member not in archive.namelist():
+                raise GloveError(f"{file_path}: has no member {member!r} (members: {archive.namelist()})")
+            with archive.open(member) as raw:
+                yield f"{file_path}:{member}", io.TextIOWrapper(raw, encoding="utf-8")
+    elif file_path.suffix.lower() == ".gz":
+        with gzip.open(file_path, "rt", encoding="utf-8") as handle:
+            yield str(file_path), handle
+    else:
+        with open(file_path, encoding="utf-8") as handle:
+            yield str(file_path), handle
+
+
+def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:
+    """The vectors' dimension, from the first line only (cheap; for checks before training).
+
+    ``expected_dim`` only chooses the member of a multi-file ``.zip`` such as ``glove.6B.zip``.
+    """
+    with _open_lines(path, expected_dim) as (name, lines):
+        try:
+            first = next(iter(lines), "")
+        except UnicodeDecodeError as error:
+            raise GloveError(f"{name}:1: not UTF-8 text ({error})") from error
+        if not first.strip():
+            raise GloveError(f"{name}:1: empty vector file")
+        return _line_dim(first)
+
+
+def _parse_values(name: str, line_no: int, parts: list[str], dim: int) -> tuple[str, list[float]]:
+    """Split ``word v1 … vd`` (the word may contain spaces) into the word and its ``dim`` numbers."""
+    if len(parts) < dim + 1:
+        raise GloveError(f"{name}:{line_no}: expected a word and {dim} numbers, found {len(parts) - 1} values")
+    head, tail = parts[: len(parts) - dim], parts[len(parts) - dim :]
+    for extra in head[1:]:  # a multi-word entry (glove.840B has a few) may not contain numbers
+        try:
+            float(extra)
+        except ValueError:
+            continue
+        raise GloveError(f"{name}:{line_no}: expected a word and {dim} numbers, found {len(parts) - 1} values")
+    try:
+        return " ".join(head), [float(v) for v in tail]
+    except ValueError as error:
+        raise GloveError(f"{name}:{line_no}: malformed number ({error})") from error
+
+
+def read_vectors(path: str | Path, expected_dim: int | None = None, words: Collection[str] | None = None) -> Vectors:
+    """Read a vector file, keeping only ``words`` when given (first occurrence of a word wins).
+
+    Every line is checked for the right number of fields; numbers are parsed only for kept words.
+
+    Raises:
+        GloveError: file missing, dimension != ``expected_dim``, or a malformed line (names file:line).
+    """
+    wanted = None if words is None else set(words)
+    index: dict[str, int] = {}
+    rows: list[list[float]] = []
+    with _open_lines(path, expected_dim) as (name, lines):
+        dim, line_no = None, 0
+        try:
+            for line_no, line in enumerate(lines, start=1):
+                line = line.rstrip()
+                if not line:
+                    continue
+                if dim is None:
+                    dim = _header_dim(line) if line_no == 1 else None
+                    if dim is None:
+                        dim = len(line.split(" ")) - 1
+                    else:
+                        continue  # word2vec header
+                    if expected_dim is not None and dim != expected_dim:
+                        raise GloveError(f"{name}:{line_no}: vectors have {dim} dimensions, "
+                                         f"but {expected_dim} are needed (model.d_model)")
+                    if dim < 1:
+                        raise GloveError(f"{name}:{line_no}: no numbers after the word")
+                word = line.split(" ", 1)[0]
+                simple = line.count(" ") == dim  # the common case: one-token word, right count
+                if simple and wanted is not None and word not in wanted:
+                    continue
+                word, values = _parse_values(name, line_no, line.split(" "), dim)
+                if (wanted is None or word in wanted) and word not in index:
+                    index[word] = len(rows)
+                    rows.append(values)
+        except UnicodeDecodeError as error:
+            raise GloveError(f"{name}:{line_no + 1}: not UTF-8 text ({error})") from error
+        if dim is None:
+            raise GloveError(f"{name}: no vectors in file")
+    matrix = torch.tensor(rows, dtype=torch.float32) if rows else torch.zeros(0, dim)
+    return Vectors(name, dim, index, matrix)
+
+
+def _candidates(piece: str) -> list[str]:
+    """Words to look up for a vocabulary piece: exact, lowercase, then without SentencePiece's ``▁``."""
+    found = [piece, piece.lower()]
+    if piece.startswith("\u2581") and len(piece) > 1:
+        found += [piece[1:], piece[1:].lower()]
+    return found
+
+
+def init_embedding_from_glove(embedding: nn.Embedding, pieces: list[str], path: str | Path, *,
+                              counts: dict[str, int] | None = None, freeze: bool = False,
+                              skip_ids: Collection[int] = ()) -> Coverage:
+    """Copy vectors into the rows of ``embedding`` whose piece has one; other rows keep their init.
+
+    Matching per piece: exact, then lowercase; a SentencePiece piece ``▁word`` also matches ``word``.
+    Rows in ``skip_ids`` and the padding row are neither changed nor counted. Vectors are copied as
+    they are (the model multiplies embeddings by √d_model).
+
+    Args:
+        embedding: (vocab, d) embedding; ``d`` must equal the vectors' dimension.
+        pieces: the piece of every id (``len(pieces) == vocab``).
+        path: vector file (see module docstring for accepted forms).
+        counts: piece -> corpus frequency, for the token coverage rate.
+        freeze: stop training the WHOLE embedding weight (``requires_grad=False``), not only the
+            GloVe rows; with tied or shared embeddings that also freezes what shares the weight.
+        skip_ids: ids to leave alone (special tokens).
+
+    Returns:
+        :class:`Coverage` of the considered pieces.
+    """
+    vocab, dim = embedding.weight.shape
+    if len(pieces) != vocab:
+        raise ValueError(f"init_embedding_from_glove: {len(pieces)} pieces for an embedding of {vocab} rows")
+    skip = set(skip_ids) | ({embedding.padding_idx} if embedding.padding_idx is not None else set())
+    considered = [i for i in range(vocab) if i not in skip]
+    wanted = {word for i in considered for word in _candidates(pieces[i])}
+    vectors = read_vectors(path, expected_dim=dim, words=wanted)
+    found: list[int] = []
+    with torch.no_grad():
+        for i in considered:
+            word = next((w for w in _candidates(pieces[i]) if w in vectors.index), None)
+            if word is not None:
+                embedding.weight[i] = vectors.matrix[vectors.index[word]].to(embedding.weight.dtype)
+                found.append(i)
+    if freeze:
+        embedding.weight.requires_grad_(False)
+    token_rate = None
+    if counts is not None:
+        total = sum(counts.get(pieces[i], 0) for i in considered)
+        hit = sum(counts.get(pieces[i], 0) for i in found)
+        token_rate = hit / total if total else 0.0
+    n = len(considered)
+    return Coverage(n, len(found), len(found) / n if n else 0.0, token_rate)

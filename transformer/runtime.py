@@ -1,0 +1,120 @@
+"""Process-level runtime choices: seeding, RNG snapshots, device, autocast, threads, determinism.
+
+RNG snapshots cover Python's ``random`` and torch (CPU and every initialised CUDA device). NumPy's global
+RNG is not used by this package, so it is neither seeded nor saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Iterator
+
+import torch
+
+from transformer.config import Precision
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's ``random`` and torch (CPU and all CUDA devices)."""
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def capture_rng_state() -> dict:
+    """A snapshot of every RNG the training loop draws from, in ``weights_only``-loadable types.
+
+    Returns:
+        ``{"python": (version, tuple[int, ...], gauss), "torch": ByteTensor, "cuda": list[ByteTensor]}``
+        (``"cuda"`` is empty when CUDA is not initialised).
+    """
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": list(cuda)}
+
+
+def restore_rng_state(state: dict) -> None:
+    """Restore a snapshot made by :func:`capture_rng_state` (possibly after a save/load round trip)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state["cuda"]
+    if cuda:
+        if not torch.cuda.is_available():
+            log.warning("checkpoint holds CUDA RNG states but CUDA is unavailable; they are ignored")
+        elif len(cuda) != torch.cuda.device_count():
+            log.warning("checkpoint holds %d CUDA RNG states for %d devices; they are ignored",
+                        len(cuda), torch.cuda.device_count())
+        else:
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+
+
+def choose_device(name: str) -> torch.device:
+    """Resolve a device setting: ``auto`` (CUDA if available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={name!r} but CUDA is not available on this machine; use device=cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
+
+
+def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
+    """The autocast dtype for ``precision`` on ``device``, or ``None`` for plain float32.
+
+    ``auto`` means bf16 on CUDA devices that support it and float32 elsewhere; ``bf16`` is honoured on CPU
+    too (slower on most CPUs, but asked for).
+    """
+    if precision is Precision.fp32:
+        return None
+    if precision is Precision.bf16:
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError("training.precision=bf16 but this GPU does not support bfloat16; use fp32")
+        return torch.bfloat16
+    if precision is Precision.auto:
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return None
+    raise ValueError(f"unknown precision {precision!r}; choose one of {[p.value for p in Precision]}")
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device, precision: Precision) -> Iterator[None]:
+    """Autocast region for the forward pass according to :func:`autocast_dtype`."""
+    dtype = autocast_dtype(device, precision)
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
+
+
+def configure_threads(n: int | None) -> None:
+    """Set torch's intra-op thread count (``None``: keep torch's default)."""
+    if n is None:
+        return
+    if n < 1:
+        raise ValueError(f"training.threads must be >= 1, got {n}")
+    torch.set_num_threads(n)
+
+
+def set_deterministic(flag: bool) -> None:
+    """Ask torch for deterministic kernels (errors on ops that have none) and fixed cuDNN algorithms.
+
+    cuBLAS needs ``CUBLAS_WORKSPACE_CONFIG`` for deterministic matmuls; it is set here if unset, which
+    only takes effect if CUDA has not been initialised yet.
+    """
+    if flag:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(flag, warn_only=False)
+    torch.backends.cudnn.deterministic = flag
+    torch.backends.cudnn.benchmark = False

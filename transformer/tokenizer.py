@@ -1,0 +1,314 @@
+"""Tokenizers: one small interface, a SentencePiece and a word-level implementation.
+
+Special ids are fixed project-wide and defined only here:
+
+====  =========  ==========================================
+ id    piece      meaning
+====  =========  ==========================================
+ 0     ``<pad>``  padding (ignored by loss and attention)
+ 1     ``<unk>``  unknown piece/word
+ 2     ``<s>``    beginning of sentence (decoder input start)
+ 3     ``</s>``   end of sentence (decoder output end)
+====  =========  ==========================================
+
+``encode`` never adds BOS/EOS (``batching.collate`` does); ``decode`` drops every special id.
+Both tokenizers serialize to a ``state_dict`` of plain values and tensors, so they live inside a
+``torch.load(weights_only=True)`` checkpoint and a run can be translated without its work directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Protocol, Sequence
+
+import sentencepiece as spm
+import torch
+
+from transformer.config import TokenizerConfig, TokenizerKind
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
+SPECIAL_PIECES = (PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE)  # indexed by id
+SPECIAL_IDS = frozenset((PAD_ID, UNK_ID, BOS_ID, EOS_ID))
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be trained or restored; the message says what to change."""
+
+
+class Tokenizer(Protocol):
+    """What the rest of the code needs from a tokenizer."""
+
+    vocab_size: int
+    pad_id: int
+    unk_id: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...  # no BOS/EOS added
+
+    def decode(self, ids: Sequence[int]) -> str: ...  # special ids skipped, text detokenized
+
+    def id_to_piece(self, idx: int) -> str: ...
+
+    def pieces(self) -> list[str]: ...  # the piece of every id, in id order
+
+    def state_dict(self) -> dict: ...
+
+
+class _SpecialIds:
+    """The fixed special ids as attributes (shared by both implementations)."""
+
+    pad_id: int = PAD_ID
+    unk_id: int = UNK_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+
+
+# --------------------------------------------------------------------------------------------------
+# SentencePiece
+# --------------------------------------------------------------------------------------------------
+
+
+class SentencePieceTokenizer(_SpecialIds):
+    """A trained SentencePiece model (BPE or unigram), held as its serialized proto."""
+
+    def __init__(self, model_proto: bytes) -> None:
+        self._proto = bytes(model_proto)
+        self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+        self.vocab_size = self._sp.get_piece_size()
+        for idx, piece in enumerate(SPECIAL_PIECES):
+            if self._sp.id_to_piece(idx) != piece:
+                raise TokenizerError(
+                    f"SentencePiece model has {self._sp.id_to_piece(idx)!r} at id {idx}, expected {piece!r} "
+                    "(train it with build_tokenizers so the special ids are fixed)"
+                )
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text, out_type=int)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])
+
+    def id_to_piece(self, idx: int) -> str:
+        return self._sp.id_to_piece(int(idx))
+
+    def pieces(self) -> list[str]:
+        return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+
+    def state_dict(self) -> dict:
+        # uint8 tensor: compact, and loadable with torch.load(weights_only=True).
+        proto = torch.frombuffer(bytearray(self._proto), dtype=torch.uint8).clone()
+        return {"kind": TokenizerKind.sentencepiece.value, "model_proto": proto}
+
+
+def train_sentencepiece(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
+    """Train a SentencePiece model in memory and return its serialized proto.
+
+    Deterministic: ``num_threads`` is fixed at 1 because unigram training gives different pieces
+    for different thread counts (BPE does not). Logging is silenced.
+
+    Raises:
+        TokenizerError: the corpus is too small for ``cfg.vocab_size``.
+    """
+    writer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=writer,
+            model_type=cfg.model_type.value,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece=PAD_PIECE, unk_piece=UNK_PIECE, bos_piece=BOS_PIECE, eos_piece=EOS_PIECE,
+            num_threads=1,
+            minloglevel=2,
+        )
+    except RuntimeError as err:
+        found = re.search(r"value <= (\d+)", str(err))
+        if "Vocabulary size" in str(err):
+            hint = f" (at most {found.group(1)} for this corpus)" if found else ""
+            raise TokenizerError(
+                f"data.tokenizer.vocab_size={cfg.vocab_size} is too large for the training text; "
+                f"set a smaller data.tokenizer.vocab_size{hint}"
+            ) from err
+        raise TokenizerError(f"SentencePiece training failed: {err}") from err
+    return writer.getvalue()
+
+
+# --------------------------------------------------------------------------------------------------
+# Word level
+# --------------------------------------------------------------------------------------------------
+
+# Words keep inner hyphens and apostrophes ("well-known", "o'clock") as GloVe does; numbers keep
+# their decimal/thousands separators; every other non-space character is a token of its own.
+_TOKEN_RE = re.compile(r"\d+(?:[.,:]\d+)+|\w+(?:[-'’]\w+)*|[^\w\s]")
+# English clitics split off like the Stanford tokenizer behind GloVe: "don't" -> "do n't".
+_NT_RE = re.compile(r"^(\w+)(n['’]t)$", re.IGNORECASE)
+_CLITIC_RE = re.compile(r"^(\w+)(['’](?:s|re|ve|ll|d|m))$", re.IGNORECASE)
+_CLITICS = frozenset({"n't", "'s", "'re", "'ve", "'ll", "'d", "'m"})
+_NO_SPACE_BEFORE = frozenset(",.!?;:)]}%…")
+_NO_SPACE_AFTER = frozenset("([{$#")
+# closing quote -> the opening quotes it closes (German „…“ and ‚…‘, English “…”, ‘…’, straight "…")
+_QUOTE_CLOSES = {'"': '"', "'": "'", "”": "“", "“": "„", "’": "‘", "‘": "‚", "»": "«", "«": "»"}
+_QUOTE_OPENERS = frozenset('"\'`„“‘‚«»')
+
+
+def word_tokenize(text: str, lowercase: bool = False) -> list[str]:
+    """Split text into words, numbers, clitics and single punctuation marks."""
+    if lowercase:
+        text = text.lower()
+    tokens: list[str] = []
+    for token in _TOKEN_RE.findall(text):
+        split = _NT_RE.match(token) or _CLITIC_RE.match(token)
+        tokens.extend(split.groups() if split else (token,))
+    return tokens
+
+
+def word_detokenize(tokens: Sequence[str]) -> str:
+    """Join tokens with ordinary spacing.
+
+    No space before ``, . ! ? ; : ) ] } %`` or a clitic (``'s``, ``n't``), none after ``( [ { $ #``;
+    a quote mark closes the innermost open quote it matches (no space before it), an apostrophe
+    after a word ending in s is a plural possessive, any other quote mark opens a quote (no space
+    after it).
+    """
+    out: list[str] = []
+    glue_next = True  # no space before the first token
+    open_quotes: list[str] = []
+    for token in tokens:
+        glue = glue_next or token in _NO_SPACE_BEFORE or token.lower().replace("’", "'") in _CLITICS
+        glue_next = token in _NO_SPACE_AFTER
+        if open_quotes and _QUOTE_CLOSES.get(token) == open_quotes[-1]:
+            open_quotes.pop()
+            glue = True
+        elif token == "'" and out and out[-1][-1:] in ("s", "S"):  # plural possessive: "dogs' toys"
+            glue = True
+        elif token in _QUOTE_OPENERS:
+            open_quotes.append(token)
+            glue_next = True
+        out.append(token if glue else " " + token)
+    return "".join(out)
+
+
+class WordTokenizer(_SpecialIds):
+    """Whole-word vocabulary (full GloVe coverage); unknown words map to ``<unk>``."""
+
+    def __init__(self, pieces: Sequence[str], lowercase: bool = False) -> None:
+        if tuple(pieces[: len(SPECIAL_PIECES)]) != SPECIAL_PIECES:
+            raise TokenizerError(f"word vocabulary must start with {SPECIAL_PIECES}, got {tuple(pieces[:4])}")
+        self._pieces = list(pieces)
+        self._index = {piece: idx for idx, piece in enumerate(self._pieces)}
+        if len(self._index) != len(self._pieces):
+            raise TokenizerError("word vocabulary has duplicate entries")
+        self.lowercase = lowercase
+        self.vocab_size = len(self._pieces)
+
+    @classmethod
+    def train(cls, texts: Iterable[str], cfg: TokenizerConfig) -> WordTokenizer:
+        """Keep the ``cfg.vocab_size - 4`` most frequent words seen at least ``cfg.min_freq`` times
+        (ties broken alphabetically, so the vocabulary is deterministic)."""
+        counts = Counter(tok for text in texts for tok in word_tokenize(text, cfg.lowercase))
+        words = sorted((w for w, c in counts.items() if c >= cfg.min_freq), key=lambda w: (-counts[w], w))
+        words = [w for w in words if w not in SPECIAL_PIECES][: max(0, cfg.vocab_size - len(SPECIAL_PIECES))]
+        return cls([*SPECIAL_PIECES, *words], lowercase=cfg.lowercase)
+
+    def encode(self, text: str) -> list[int]:
+        return [self._index.get(tok, UNK_ID) for tok in word_tokenize(text, self.lowercase)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return word_detokenize([self._pieces[int(i)] for i in ids if int(i) not in SPECIAL_IDS])
+
+    def id_to_piece(self, idx: int) -> str:
+        return self._pieces[int(idx)]
+
+    def pieces(self) -> list[str]:
+        return list(self._pieces)
+
+    def state_dict(self) -> dict:
+        return {"kind": TokenizerKind.word.value, "pieces": list(self._pieces), "lowercase": self.lowercase}
+
+
+# --------------------------------------------------------------------------------------------------
+# Building and restoring
+# --------------------------------------------------------------------------------------------------
+
+
+def tokenizer_from_state(state: dict) -> Tokenizer:
+    """Rebuild a tokenizer from ``state_dict()`` output (e.g. read from a checkpoint)."""
+    kind = state.get("kind")
+    if kind == TokenizerKind.sentencepiece.value:
+        proto = state["model_proto"]
+        data = proto.numpy().tobytes() if isinstance(proto, torch.Tensor) else bytes(proto)
+        return SentencePieceTokenizer(data)
+    if kind == TokenizerKind.word.value:
+        return WordTokenizer(state["pieces"], lowercase=bool(state["lowercase"]))
+    raise TokenizerError(f"unknown tokenizer kind {kind!r} in state (expected one of {[k.value for k in TokenizerKind]})")
+
+
+def _fingerprint(texts: Sequence[str], cfg: TokenizerConfig) -> str:
+    """SHA-256 of the settings and the training text; names the saved model file."""
+    settings = {
+        "model_type": cfg.model_type.value,
+        "vocab_size": cfg.vocab_size,
+        "character_coverage": cfg.character_coverage,
+        "sentencepiece": spm.__version__,
+    }
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_or_train_sentencepiece(texts: Sequence[str], cfg: TokenizerConfig, work_dir: Path, role: str) -> SentencePieceTokenizer:
+    """Reuse ``work_dir/sentencepiece-{role}-{hash}.model`` when the texts and settings match, else
+    train it and save it there (atomically). ``role`` is ``joint``, ``src`` or ``tgt``."""
+    work_dir = Path(work_dir)
+    path = work_dir / f"sentencepiece-{role}-{_fingerprint(texts, cfg)[:16]}.model"
+    if path.is_file():
+        return SentencePieceTokenizer(path.read_bytes())
+    proto = train_sentencepiece(texts, cfg)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, proto)
+    return SentencePieceTokenizer(proto)
+
+
+def build_tokenizers(
+    cfg: TokenizerConfig, src_texts: list[str], tgt_texts: list[str], work_dir: Path
+) -> tuple[Tokenizer, Tokenizer]:
+    """Train (or reuse) the source and target tokenizers on the training split.
+
+    With ``cfg.joint`` one tokenizer is trained on both sides and returned twice (the same object).
+    SentencePiece models are saved in ``work_dir``; word vocabularies are cheap and rebuilt.
+    """
+    if cfg.kind is TokenizerKind.sentencepiece:
+        if cfg.joint:
+            joint = load_or_train_sentencepiece([*src_texts, *tgt_texts], cfg, work_dir, "joint")
+            return joint, joint
+        return (
+            load_or_train_sentencepiece(src_texts, cfg, work_dir, "src"),
+            load_or_train_sentencepiece(tgt_texts, cfg, work_dir, "tgt"),
+        )
+    if cfg.joint:
+        joint_words = WordTokenizer.train([*src_texts, *tgt_texts], cfg)
+        return joint_words, joint_words
+    return WordTokenizer.train(src_texts, cfg), WordTokenizer.train(tgt_texts, cfg)

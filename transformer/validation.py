@@ -1,0 +1,80 @@
+"""Validation during training: loss and perplexity on the validation set, BLEU and chrF of greedy
+translations, a few sample translations and the attention maps of one fixed sentence for TensorBoard."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer.batching import TokenBucketSampler, collate
+from transformer.config import TrainConfig
+from transformer.decoding import translate
+from transformer.metrics import corpus_scores
+from transformer.tokenizer import Tokenizer
+from transformer.tracking import Tracker
+from transformer.visualize import compute_attention_maps, log_attention_maps
+
+Validator = Callable[[nn.Module, int], dict[str, float]]
+
+
+def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
+                   cfg: TrainConfig, device: torch.device, tracker: Tracker) -> Validator:
+    """Build ``validate(model, step) -> {"loss", "ppl", "bleu", "chrf"}`` for the trainer.
+
+    The loss is the plain (unsmoothed) cross-entropy per target token over the whole validation set;
+    BLEU/chrF come from greedy translations of the first ``training.valid_max_sentences`` sentences.
+    """
+    src_ids = [src_tok.encode(text)[: cfg.model.max_positions] for text in valid_src]
+    tgt_ids = [tgt_tok.encode(text)[: cfg.model.max_positions - 1] for text in valid_ref]
+    sampler = TokenBucketSampler([len(s) for s in src_ids], [len(t) for t in tgt_ids],
+                                 cfg.training.max_tokens, seed=0, shuffle=False)
+    batches = [collate([(src_ids[i], tgt_ids[i]) for i in indices], indices, pad_id=src_tok.pad_id,
+                       bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id) for indices in sampler]
+    n_bleu = cfg.training.valid_max_sentences or len(valid_src)
+    greedy = replace(cfg.eval, beam_size=1, n_best=1)
+
+    @torch.inference_mode()
+    def validate(model: nn.Module, step: int) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        nll, n_tokens = 0.0, 0
+        for batch in batches:
+            batch = batch.to(device)
+            logits = model(batch.src, batch.tgt_in)  # (batch, tgt_len, vocab)
+            nll += F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                                   ignore_index=tgt_tok.pad_id, reduction="sum").item()
+            n_tokens += batch.n_tgt_tokens
+        hypotheses = [nbest[0] for nbest in translate(model, valid_src[:n_bleu], src_tok, tgt_tok, greedy,
+                                                       device, cfg.model.max_positions)]
+        scores = corpus_scores(hypotheses, valid_ref[:n_bleu])
+        _log_samples(tracker, valid_src, valid_ref, hypotheses, cfg.training.n_samples, step)
+        _log_attention(tracker, model, src_tok, tgt_tok, valid_src[0], hypotheses[0], step)
+        model.train(was_training)
+        loss = nll / max(n_tokens, 1)
+        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores.bleu, "chrf": scores.chrf}
+
+    return validate
+
+
+def _log_samples(tracker: Tracker, src: list[str], ref: list[str], hyp: list[str], n: int, step: int) -> None:
+    rows = [f"| {s} | {r} | {h} |" for s, r, h in list(zip(src, ref, hyp))[:n]]
+    tracker.text("valid/samples", "\n".join(["| source | reference | hypothesis |", "|---|---|---|", *rows]), step)
+
+
+def _log_attention(tracker: Tracker, model: nn.Module, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                   source: str, hypothesis: str, step: int) -> None:
+    """Attention maps of the first validation sentence, teacher-forced on the model's own translation."""
+    if not tracker.enabled:
+        return
+    src_ids, tgt_ids = src_tok.encode(source)[:48], tgt_tok.encode(hypothesis)[:48]
+    maps = compute_attention_maps(
+        model, src_ids, tgt_ids,
+        src_pieces=[src_tok.id_to_piece(i) for i in src_ids], tgt_pieces=[tgt_tok.id_to_piece(i) for i in tgt_ids],
+        bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=src_tok.pad_id,
+    )
+    log_attention_maps(tracker.writer, maps, "valid/attention", step)

@@ -187,6 +187,12 @@ class CheckpointManager:
         found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_FILE.match(p.name))]
         return [p for _, p in sorted(found)]
 
+    def recent(self, n: int) -> list[Path]:
+        """The newest ``n`` rotated step files, oldest first (fewer if fewer exist; keep_last caps them)."""
+        if n < 1:
+            raise ValueError(f"recent() needs n >= 1, got {n}")
+        return self.step_paths()[-n:]
+
     def latest(self) -> Path | None:
         """``last.pt`` if it exists."""
         return self.last_path if self.last_path.is_file() else None

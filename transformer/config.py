@@ -152,6 +152,7 @@ class GloveConfig:
     path: Optional[str] = None
     side: GloveSide = GloveSide.src
     freeze: bool = False
+    rescale: bool = True  # scale vectors to the random init's std (GloVe rows are ~3x larger otherwise)
 
 
 @dataclass

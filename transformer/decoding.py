@@ -33,7 +33,6 @@ Shape names: batch (sentences), beam, rows (live sentences x beam), step, vocab.
 
 from __future__ import annotations
 
-import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -41,12 +40,11 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer.config import EvalConfig, LengthNorm
 from transformer.model import select_encoder_output
-
-log = logging.getLogger(__name__)
+from transformer.tokenizer import Tokenizer
 
 SelectEncoder = Callable[[Any, Tensor], Any]
 
@@ -96,7 +94,8 @@ def max_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: float,
     return limits if max_tgt_len is None else [min(limit, max_tgt_len) for limit in limits]
 
 
-def _step_log_probs(model: Decoder, prefix: Tensor, enc: Any, cache: Any, banned: Sequence[int]) -> tuple[Tensor, Any]:
+def _step_log_probs(model: Decoder, prefix: Tensor, enc: Any, cache: Any,
+                    banned: Sequence[int]) -> tuple[Tensor, Any]:
     """Log-probabilities of the next token for every row.
 
     Args:
@@ -262,14 +261,16 @@ def beam_search(model: Decoder, src: Tensor, *, beam_size: int, n_best: int, len
         rows = _advance(state, cand, order, eos_id)
         done = _collect_at_limit(state, limits, finished, beam, n_best, alpha, norm)
         keep = [i for i, d in enumerate(done) if not d]
+        if not keep:
+            break
         rows = rows.view(len(done), beam)[keep].flatten()  # (live rows,) into the previous step's rows
         if len(keep) < len(done):
-            enc_rows = (torch.tensor(keep, device=device).unsqueeze(1) * beam + torch.arange(beam, device=device))
-            enc = select_encoder(enc, enc_rows.flatten())
+            enc_rows = torch.tensor(keep, device=device).unsqueeze(1) * beam + torch.arange(beam, device=device)
+            enc = select_encoder(enc, enc_rows.flatten())  # (live rows, ...)
             state.sentences = [state.sentences[i] for i in keep]
             state.log_prob = state.log_prob[keep]
             state.prefix = state.prefix.view(len(done), beam, -1)[keep].flatten(0, 1)
-        if cache is not None and state.sentences:
+        if cache is not None:
             cache = cache.select(rows)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
 
@@ -318,7 +319,7 @@ def _collect_at_limit(state: _Beams, limits: list[int], finished: list[list[Hypo
 # --------------------------------------------------------------------------------------------------
 
 
-def translate(model: Decoder, texts: list[str], src_tok: Any, tgt_tok: Any, cfg: EvalConfig,
+def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
               device: torch.device | str, max_src_len: int) -> list[list[str]]:
     """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order.
 
@@ -331,9 +332,8 @@ def translate(model: Decoder, texts: list[str], src_tok: Any, tgt_tok: Any, cfg:
     ids = _encode_sources(texts, src_tok, max_src_len)
     outputs: list[list[str]] = [[""] * cfg.n_best for _ in texts]
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
+    was_training = model.training
+    model.eval()
     try:
         with torch.inference_mode():
             for start in range(0, len(todo), cfg.batch_size):
@@ -342,23 +342,20 @@ def translate(model: Decoder, texts: list[str], src_tok: Any, tgt_tok: Any, cfg:
                 for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_src_len)):
                     outputs[i] = [tgt_tok.decode(tokens) for tokens in nbest]
     finally:
-        if was_training:
-            model.train()
+        model.train(was_training)
     return outputs
 
 
-def _encode_sources(texts: list[str], src_tok: Any, max_src_len: int) -> list[list[int]]:
+def _encode_sources(texts: list[str], src_tok: Tokenizer, max_src_len: int) -> list[list[int]]:
     """Source ids per line (empty for blank lines), cut to ``max_src_len`` with a warning."""
-    ids: list[list[int]] = []
-    for line_no, text in enumerate(texts, start=1):
-        seq = src_tok.encode(text) if text.strip() else []
-        if len(seq) > max_src_len:
-            message = f"input line {line_no}: {len(seq)} source tokens, truncated to {max_src_len}"
-            warnings.warn(message, stacklevel=3)
-            log.warning(message)
-            seq = seq[:max_src_len]
-        ids.append(seq)
-    return ids
+    ids = [src_tok.encode(text) if text.strip() else [] for text in texts]
+    too_long = [(line_no, len(seq)) for line_no, seq in enumerate(ids, start=1) if len(seq) > max_src_len]
+    if too_long:
+        shown = ", ".join(f"line {line_no} ({n} tokens)" for line_no, n in too_long[:10])
+        more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
+        warnings.warn(f"{len(too_long)} input line(s) longer than {max_src_len} source tokens were truncated: "
+                      f"{shown}{more}", stacklevel=3)
+    return [seq[:max_src_len] for seq in ids]
 
 
 def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
@@ -369,7 +366,8 @@ def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tens
     return out.to(device)
 
 
-def _search(model: Decoder, src: Tensor, tgt_tok: Any, cfg: EvalConfig, max_tgt_len: int) -> list[list[list[int]]]:
+def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig,
+            max_tgt_len: int) -> list[list[list[int]]]:
     """n-best token lists per sentence with the search ``cfg`` asks for."""
     special = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)
     if cfg.beam_size == 1:

@@ -7,6 +7,7 @@ WORLD_SIZE=1) no process group is created and the collectives below return their
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -42,13 +43,14 @@ def is_active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def init_distributed(device_kind: str) -> DistContext:
+def init_distributed(device_kind: str | torch.device) -> DistContext:
     """Join the torchrun process group if there is one; otherwise describe a single process.
 
     Args:
         device_kind: the device setting (``auto``, ``cpu``, ``cuda``, ``cuda:N``). Under torchrun the CUDA
             device is ``cuda:LOCAL_RANK``, so ``cuda:N`` is refused there.
     """
+    device_kind = str(device_kind)
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -57,12 +59,15 @@ def init_distributed(device_kind: str) -> DistContext:
     device = choose_device(device_kind)
     if device.type == "cuda":
         if device.index is not None and device_kind != "auto":
-            raise ValueError(f"device={device_kind!r} under torchrun: use device=cuda (each rank takes cuda:LOCAL_RANK)")
+            raise ValueError(f"device={device_kind!r} under torchrun: use device=cuda "
+                             "(each rank takes cuda:LOCAL_RANK)")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size)
+        # Long timeout: the other ranks wait while rank 0 validates (beam search over the validation set).
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(minutes=60))
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, is_main=rank == 0)
 
 

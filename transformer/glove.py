@@ -194,7 +194,7 @@ def _candidates(piece: str) -> list[str]:
 
 def init_embedding_from_glove(embedding: nn.Embedding, pieces: list[str], path: str | Path, *,
                               counts: dict[str, int] | None = None, freeze: bool = False,
-                              skip_ids: Collection[int] = ()) -> Coverage:
+                              rescale: bool = False, skip_ids: Collection[int] = ()) -> Coverage:
     """Copy vectors into the rows of ``embedding`` whose piece has one; other rows keep their init.
 
     Matching per piece: exact, then lowercase; a SentencePiece piece ``▁word`` also matches ``word``.
@@ -206,6 +206,8 @@ def init_embedding_from_glove(embedding: nn.Embedding, pieces: list[str], path: 
         pieces: the piece of every id (``len(pieces) == vocab``).
         path: vector file (see module docstring for accepted forms).
         counts: piece -> corpus frequency, for the token coverage rate.
+        rescale: scale the copied vectors to the standard deviation the rows had before (the random
+            init), so pretrained rows are not several times larger than the others after √d_model.
         freeze: stop training the WHOLE embedding weight (``requires_grad=False``), not only the
             GloVe rows; with tied or shared embeddings that also freezes what shares the weight.
         skip_ids: ids to leave alone (special tokens).
@@ -222,11 +224,14 @@ def init_embedding_from_glove(embedding: nn.Embedding, pieces: list[str], path: 
     vectors = read_vectors(path, expected_dim=dim, words=wanted)
     found: list[int] = []
     with torch.no_grad():
+        init_std = embedding.weight[considered].std().item() if considered else 1.0
         for i in considered:
             word = next((w for w in _candidates(pieces[i]) if w in vectors.index), None)
             if word is not None:
                 embedding.weight[i] = vectors.matrix[vectors.index[word]].to(embedding.weight.dtype)
                 found.append(i)
+        if rescale and len(found) > 1:
+            embedding.weight[found] *= init_std / embedding.weight[found].std().item()
     if freeze:
         embedding.weight.requires_grad_(False)
     token_rate = None

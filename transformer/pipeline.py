@@ -144,7 +144,7 @@ def _check_glove(cfg: ModelConfig) -> None:
     """Fail before any work when the vector file's dimension cannot match the model."""
     if cfg.glove.path is None:
         return
-    dim = vector_dim(cfg.glove.path)
+    dim = vector_dim(cfg.glove.path, expected_dim=cfg.d_model)
     if dim != cfg.d_model:
         raise ConfigError(
             f"model.glove.path: {cfg.glove.path} holds {dim}-dimensional vectors but model.d_model={cfg.d_model}; "
@@ -160,7 +160,8 @@ def _apply_glove(model: Transformer, cfg: ModelConfig, src_tok: Tokenizer, tgt_t
     for embedding, tok in sides[cfg.glove.side.value]:
         side = "src" if tok is src_tok else "tgt"
         coverage = init_embedding_from_glove(
-            embedding, tok.pieces(), cfg.glove.path, counts=counts[side], freeze=cfg.glove.freeze, skip_ids=special
+            embedding, tok.pieces(), cfg.glove.path, counts=counts[side], freeze=cfg.glove.freeze,
+            rescale=cfg.glove.rescale, skip_ids=special
         )
         log.info("GloVe %s embeddings: %s", side, coverage)
 
@@ -209,9 +210,7 @@ def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
     resumed, run_dir = _resume_state(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    src_text, tgt_text = load_split(cfg.data, cfg.data.train_split)
-    if cfg.data.max_pairs is not None:
-        src_text, tgt_text = src_text[: cfg.data.max_pairs], tgt_text[: cfg.data.max_pairs]
+    src_text, tgt_text = load_split(cfg.data, cfg.data.train_split)  # the first data.max_pairs, if set
     src_tok, tgt_tok = _tokenizers(cfg, src_text, tgt_text, run_dir,
                                    dist, resumed["tokenizers"] if resumed else None)
     train_set = _training_set(cfg, src_tok, tgt_tok, src_text, tgt_text)

@@ -11,7 +11,8 @@ Special ids are fixed project-wide and defined only here:
  3     ``</s>``   end of sentence (decoder output end)
 ====  =========  ==========================================
 
-``encode`` never adds BOS/EOS (``batching.collate`` does); ``decode`` drops every special id.
+``encode`` never adds BOS/EOS (``batching.collate`` does); ``decode`` drops pad/BOS/EOS and
+shows unknowns (SentencePiece as `` ⁇ ``, word level as ``<unk>``).
 Both tokenizers serialize to a ``state_dict`` of plain values and tensors, so they live inside a
 ``torch.load(weights_only=True)`` checkpoint and a run can be translated without its work directory.
 """
@@ -36,7 +37,7 @@ from transformer.config import TokenizerConfig, TokenizerKind
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_PIECES = (PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE)  # indexed by id
-SPECIAL_IDS = frozenset((PAD_ID, UNK_ID, BOS_ID, EOS_ID))
+_SKIPPED_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # decode drops these; <unk> stays visible
 
 
 class TokenizerError(ValueError):
@@ -54,7 +55,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...  # no BOS/EOS added
 
-    def decode(self, ids: Sequence[int]) -> str: ...  # special ids skipped, text detokenized
+    def decode(self, ids: Sequence[int]) -> str: ...  # pad/BOS/EOS skipped, text detokenized
 
     def id_to_piece(self, idx: int) -> str: ...
 
@@ -95,7 +96,7 @@ class SentencePieceTokenizer(_SpecialIds):
         return self._sp.encode(text, out_type=int)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self._sp.decode([int(i) for i in ids if int(i) not in SPECIAL_IDS])
+        return self._sp.decode([int(i) for i in ids if int(i) not in _SKIPPED_IDS])
 
     def id_to_piece(self, idx: int) -> str:
         return self._sp.id_to_piece(int(idx))
@@ -224,7 +225,7 @@ class WordTokenizer(_SpecialIds):
         return [self._index.get(tok, UNK_ID) for tok in word_tokenize(text, self.lowercase)]
 
     def decode(self, ids: Sequence[int]) -> str:
-        return word_detokenize([self._pieces[int(i)] for i in ids if int(i) not in SPECIAL_IDS])
+        return word_detokenize([self._pieces[int(i)] for i in ids if int(i) not in _SKIPPED_IDS])
 
     def id_to_piece(self, idx: int) -> str:
         return self._pieces[int(idx)]
@@ -250,7 +251,8 @@ def tokenizer_from_state(state: dict) -> Tokenizer:
         return SentencePieceTokenizer(data)
     if kind == TokenizerKind.word.value:
         return WordTokenizer(state["pieces"], lowercase=bool(state["lowercase"]))
-    raise TokenizerError(f"unknown tokenizer kind {kind!r} in state (expected one of {[k.value for k in TokenizerKind]})")
+    valid = [k.value for k in TokenizerKind]
+    raise TokenizerError(f"unknown tokenizer kind {kind!r} in state (expected one of {valid})")
 
 
 def _fingerprint(texts: Sequence[str], cfg: TokenizerConfig) -> str:
@@ -279,7 +281,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def load_or_train_sentencepiece(texts: Sequence[str], cfg: TokenizerConfig, work_dir: Path, role: str) -> SentencePieceTokenizer:
+def load_or_train_sentencepiece(
+    texts: Sequence[str], cfg: TokenizerConfig, work_dir: Path, role: str
+) -> SentencePieceTokenizer:
     """Reuse ``work_dir/sentencepiece-{role}-{hash}.model`` when the texts and settings match, else
     train it and save it there (atomically). ``role`` is ``joint``, ``src`` or ``tgt``."""
     work_dir = Path(work_dir)

@@ -39,10 +39,10 @@ class Tracker:
         if self._writer is not None:
             self._writer.add_scalar(tag, value, step)
 
-    def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
-        """Log ``{name: value}`` as ``prefix/name`` scalars."""
+    def scalars(self, values: dict[str, float], step: int, *, prefix: str = "") -> None:
+        """Log ``{name: value}``; tags are ``prefix/name`` when a prefix is given, else the names themselves."""
         for name, value in values.items():
-            self.scalar(f"{prefix}/{name}", float(value), step)
+            self.scalar(f"{prefix}/{name}" if prefix else name, float(value), step)
 
     def text(self, tag: str, text: str, step: int) -> None:
         if self._writer is not None:

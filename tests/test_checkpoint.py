@@ -1,0 +1,119 @@
+"""Checkpoints: round trip, atomic writes, clear load errors, rotation, averaging."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer.checkpoint as checkpoint
+from transformer.checkpoint import (
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    CheckpointManager,
+    average_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from transformer.config import Schedule
+
+
+def _state(value: float, step: int = 0) -> dict:
+    return {
+        "model": {"w": torch.full((2, 2), value), "b": torch.tensor([value]), "count": torch.tensor([step])},
+        "step": step,
+        "sampler": {"epoch": 1, "position": 3},
+        "rng": [{"python": (3, tuple(range(5)), None), "torch": torch.get_rng_state(), "cuda": []}],
+        "config": {"training": {"lr": 1e-3, "betas": [0.9, 0.98], "schedule": "inverse_sqrt"}},
+    }
+
+
+def test_round_trip_keeps_every_value(tmp_path):
+    state = _state(1.5, step=7)
+    save_checkpoint(state, tmp_path / "c.pt")
+    loaded = load_checkpoint(tmp_path / "c.pt")
+    assert loaded["version"] == CHECKPOINT_VERSION
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"])
+    assert torch.equal(loaded["rng"][0]["torch"], state["rng"][0]["torch"])
+    assert loaded["rng"][0]["python"] == (3, (0, 1, 2, 3, 4), None)
+    assert loaded["config"] == state["config"] and loaded["sampler"] == state["sampler"]
+
+
+def test_crash_during_write_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint(_state(1.0), path)
+    before = path.read_bytes()
+
+    def torn_save(obj, handle):
+        handle.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.torch, "save", torn_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(_state(2.0), path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_load_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        load_checkpoint(tmp_path / "missing.pt")
+    good = tmp_path / "good.pt"
+    save_checkpoint(_state(1.0), good)
+    torn = tmp_path / "torn.pt"
+    torn.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match="torn.pt.*truncated"):
+        load_checkpoint(torn)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    with pytest.raises(CheckpointError, match="notes.pt"):
+        load_checkpoint(text)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(1)}, foreign)
+    with pytest.raises(CheckpointError, match="foreign.pt.*version"):
+        load_checkpoint(foreign)
+    future = tmp_path / "future.pt"
+    torch.save({"version": CHECKPOINT_VERSION + 1}, future)
+    with pytest.raises(CheckpointError, match=f"version {CHECKPOINT_VERSION + 1}"):
+        load_checkpoint(future)
+
+
+def test_unsafe_pickles_are_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"version": CHECKPOINT_VERSION, "obj": Schedule.cosine}, path)  # an arbitrary class instance
+    with pytest.raises(CheckpointError, match="evil.pt"):
+        load_checkpoint(path)
+
+
+def test_save_refuses_values_weights_only_cannot_load(tmp_path):
+    with pytest.raises(CheckpointError, match=r"state\.config\.schedule.*Schedule"):
+        save_checkpoint({"config": {"schedule": Schedule.cosine}}, tmp_path / "x.pt")
+    assert not list(tmp_path.iterdir())
+
+
+def test_manager_rotation_last_and_best(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step, best in ((10, True), (20, False), (30, False), (40, False)):
+        manager.save(_state(float(step), step), step, is_best=best)
+    assert [p.name for p in manager.step_paths()] == ["step_30.pt", "step_40.pt"]
+    assert load_checkpoint(manager.latest())["step"] == 40
+    assert load_checkpoint(manager.best_path)["step"] == 10  # survives the rotation of step_10.pt
+    assert [p.name for p in manager.recent(1)] == ["step_40.pt"]
+    manager.save(_state(41.0, 41), 41, is_best=False, periodic=False)
+    assert load_checkpoint(manager.latest())["step"] == 41
+    assert load_checkpoint(tmp_path / "step_40.pt")["step"] == 40  # last.pt was replaced, not written through
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "last.pt", "step_30.pt", "step_40.pt"]
+
+
+def test_average_checkpoints_by_hand(tmp_path):
+    paths = []
+    for i, value in enumerate((1.0, 2.0, 6.0)):
+        paths.append(tmp_path / f"{i}.pt")
+        save_checkpoint(_state(value, step=i), paths[-1])
+    averaged = average_checkpoints(paths)
+    assert torch.equal(averaged["w"], torch.full((2, 2), 3.0))
+    assert torch.equal(averaged["b"], torch.tensor([3.0]))
+    assert torch.equal(averaged["count"], torch.tensor([2]))  # integer buffers come from the last checkpoint
+    bad = tmp_path / "bad.pt"
+    save_checkpoint({"model": {"w": torch.zeros(3, 2), "b": torch.zeros(1), "count": torch.tensor([0])}}, bad)
+    with pytest.raises(CheckpointError, match="bad.pt.*w has shape"):
+        average_checkpoints([paths[0], bad])

@@ -1,0 +1,215 @@
+"""Reading, validating and cleaning parallel corpora; Multi30k from a local copy; the dataset."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
+from transformer.data import (
+    MULTI30K_LANGS,
+    MULTI30K_SHA256,
+    MULTI30K_SPLITS,
+    CleaningReport,
+    DataError,
+    TranslationDataset,
+    clean_pairs,
+    corpus_paths,
+    load_split,
+    prepare_multi30k,
+    read_lines,
+    read_parallel,
+)
+from transformer.tokenizer import WordTokenizer
+
+MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
+needs_multi30k = pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
+
+
+def _write(path: Path, data: bytes, compress: bool = False) -> Path:
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading and validation
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_read_lines_plain_and_gzip(tmp_path, compress):
+    text = "\ufeffÄpfel\r\nzwei\u2028drei\n\nvier"
+    path = _write(tmp_path / ("a.gz" if compress else "a.txt"), text.encode(), compress)
+    # BOM dropped, \r\n handled, U+2028 is not a line break, an empty line is kept, no final newline needed
+    assert read_lines(path) == ["Äpfel", "zwei\u2028drei", "", "vier"]
+
+
+def test_missing_and_empty_files_are_named(tmp_path):
+    with pytest.raises(DataError, match=rf"{tmp_path / 'nope.en'}: file not found"):
+        read_lines(tmp_path / "nope.en")
+    with pytest.raises(DataError, match=rf"{tmp_path / 'empty.en'}: file is empty"):
+        read_lines(_write(tmp_path / "empty.en", b""))
+    with pytest.raises(DataError, match=r"empty\.de\.gz: file is empty"):
+        read_lines(_write(tmp_path / "empty.de.gz", b"", compress=True))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_invalid_utf8_names_line_and_byte_offset(tmp_path, compress):
+    # line 1 is bytes 0-3, line 2 bytes 4-6, so line 3 starts at byte 7 and its bad byte (index 2) is byte 9
+    data = b"abc\n\xc3\xa4\n" + b"ok\xffno\n" + b"last\n"
+    path = _write(tmp_path / ("bad.gz" if compress else "bad.txt"), data, compress)
+    with pytest.raises(DataError) as info:
+        read_lines(path)
+    assert str(info.value).startswith(f"{path}:3: invalid UTF-8 at byte 9 (byte 2 of the line)")
+
+
+def test_corrupt_gzip_is_reported(tmp_path):
+    path = _write(tmp_path / "x.gz", gzip.compress(b"one\ntwo\n")[:-12])
+    with pytest.raises(DataError, match=r"x\.gz: cannot read the file"):
+        read_lines(path)
+
+
+def test_different_line_counts_name_both_files_and_counts(tmp_path):
+    src = _write(tmp_path / "train.en", b"a\nb\nc\n")
+    tgt = _write(tmp_path / "train.de.gz", b"x\ny\n", compress=True)
+    with pytest.raises(DataError) as info:
+        read_parallel(src, tgt)
+    message = str(info.value)
+    assert f"{src} has 3 lines" in message and f"{tgt} has 2 lines" in message and "line 3" in message
+    assert read_parallel(src, _write(tmp_path / "ok.de", b"x\ny\nz")) == (["a", "b", "c"], ["x", "y", "z"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Cleaning
+# --------------------------------------------------------------------------------------------------
+
+
+def test_clean_pairs_counts_every_rule():
+    src = ["  a  b ", "", "x", "one two three four", "a", "a b c d", "p q"]
+    tgt = ["c\td", "y", "  ", "1 2", "a b c d", "a b c d e f", "r"]
+    words = lambda s: len(s.split())  # noqa: E731
+    kept_src, kept_tgt, report = clean_pairs(src, tgt, max_len=5, max_len_ratio=2.0, count=words)
+    # empty: pairs 1 and 2; too long: pair 5 (6 target words); ratio 4 > 2: pair 4; kept: 0, 3, 6
+    assert kept_src == ["a b", "one two three four", "p q"]
+    assert kept_tgt == ["c d", "1 2", "r"]
+    assert report == CleaningReport(
+        n_input=7, n_kept=3, n_whitespace_normalized=2, n_empty=2, n_too_long=1, n_bad_ratio=1,
+        max_len=5, max_len_ratio=2.0,
+    )
+    assert report.n_dropped == 4
+    assert report.summary() == (
+        "kept 3 of 7 pairs; dropped 2 with an empty side, 1 with more than 5 tokens on a side, "
+        "1 with length ratio above 2; whitespace normalized in 2"
+    )
+
+
+def test_clean_pairs_on_token_ids_counts_ids():
+    src = [[5, 6], [], [5] * 9, [5], [5, 6, 7]]
+    tgt = [[7], [8], [8], [8, 8, 8, 8], [9, 9]]
+    kept_src, kept_tgt, report = clean_pairs(src, tgt, max_len=8, max_len_ratio=3.0)
+    assert (kept_src, kept_tgt) == ([[5, 6], [5, 6, 7]], [[7], [9, 9]])
+    assert (report.n_empty, report.n_too_long, report.n_bad_ratio, report.n_whitespace_normalized) == (1, 1, 1, 0)
+
+
+def test_clean_pairs_rejects_misaligned_input():
+    with pytest.raises(DataError, match="2 source but 1 target"):
+        clean_pairs(["a", "b"], ["c"], max_len=5, max_len_ratio=2.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Corpora from config
+# --------------------------------------------------------------------------------------------------
+
+
+def _custom_corpus(directory: Path) -> DataConfig:
+    directory.mkdir(parents=True, exist_ok=True)
+    _write(directory / "train.xx", b"a b\n c \nd\ne\n")
+    _write(directory / "train.yy.gz", b"A B\nC\nD\nE\n", compress=True)
+    _write(directory / "dev.xx", b"v\n")
+    _write(directory / "dev.yy", b"V\n")
+    return DataConfig(corpus=CorpusKind.custom, dir=str(directory), src="xx", tgt="yy",
+                      train_split="train", valid_split="dev", max_pairs=3)
+
+
+def test_custom_corpus_through_config(tmp_path):
+    cfg = _custom_corpus(tmp_path / "corpus")
+    assert corpus_paths(cfg, "train") == (tmp_path / "corpus/train.xx", tmp_path / "corpus/train.yy.gz")
+    assert load_split(cfg, "train") == (["a b", "c", "d"], ["A B", "C", "D"])  # max_pairs=3, spaces normalized
+    assert load_split(cfg, "dev") == (["v"], ["V"])  # max_pairs applies to the training split only
+
+
+def test_custom_corpus_missing_or_ambiguous_files(tmp_path):
+    cfg = _custom_corpus(tmp_path / "corpus")
+    with pytest.raises(DataError, match=r"test\.xx\[\.gz\]: file not found .*split 'test'.*\{split\}\.\{lang\}"):
+        corpus_paths(cfg, "test")
+    _write(tmp_path / "corpus/dev.xx.gz", b"v\n", compress=True)
+    with pytest.raises(DataError, match=r"both .*dev\.xx and .*dev\.xx\.gz exist"):
+        corpus_paths(cfg, "dev")
+    with pytest.raises(DataError, match=r"data\.dir=.*nowhere: directory not found"):
+        corpus_paths(DataConfig(corpus=CorpusKind.custom, dir=str(tmp_path / "nowhere")), "train")
+
+
+def test_translation_dataset_from_texts():
+    words = WordTokenizer.train(["a b c", "b c"], TokenizerConfig(kind=TokenizerKind.word))
+    data = TranslationDataset.from_texts(["a b", "c"], ["b c a", ""], words, words)
+    assert len(data) == 2 and data.src_lengths == [2, 1] and data.tgt_lengths == [3, 0]
+    assert data[0] == (words.encode("a b"), words.encode("b c a"))
+    with pytest.raises(DataError, match="2 source but 1 target"):
+        TranslationDataset([[4], [5]], [[6]])
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi30k from a local copy (the download path is in test_download.py)
+# --------------------------------------------------------------------------------------------------
+
+
+@needs_multi30k
+def test_checksums_in_code_match_the_upstream_files():
+    assert set(MULTI30K_SHA256) == {f"{s}.{l}.gz" for s in MULTI30K_SPLITS for l in MULTI30K_LANGS}
+    for name, digest in MULTI30K_SHA256.items():
+        assert hashlib.sha256((MULTI30K / name).read_bytes()).hexdigest() == digest, name
+
+
+@needs_multi30k
+def test_multi30k_is_copied_from_source_dir_and_loaded(tmp_path):
+    cfg = DataConfig(dir=str(tmp_path / "m30k"), source_dir=str(MULTI30K))
+    src, tgt = load_split(cfg, "val")
+    assert sorted(p.name for p in (tmp_path / "m30k").iterdir()) == ["val.de.gz", "val.en.gz"]
+    assert len(src) == len(tgt) == 1014
+    assert src[0].startswith("A group of men are loading cotton")
+    assert tgt[0].startswith("Eine Gruppe von Männern lädt Baumwolle")
+    assert (tmp_path / "m30k/val.en.gz").read_bytes() == (MULTI30K / "val.en.gz").read_bytes()
+
+
+@needs_multi30k
+def test_corrupted_source_copy_is_rejected_and_nothing_is_left(tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(MULTI30K / "val.en.gz", source / "val.en.gz")
+    corrupted = bytearray((MULTI30K / "val.de.gz").read_bytes())
+    corrupted[100] ^= 0xFF
+    (source / "val.de.gz").write_bytes(bytes(corrupted))
+    actual = hashlib.sha256(bytes(corrupted)).hexdigest()
+    target = tmp_path / "target"
+    with pytest.raises(DataError) as info:
+        prepare_multi30k(target, splits=("val",), source_dir=source)
+    message = str(info.value)
+    assert str(source / "val.de.gz") in message and MULTI30K_SHA256["val.de.gz"] in message and actual in message
+    assert sorted(p.name for p in target.iterdir()) == ["val.en.gz"]  # the good file, verified; no temp file
+
+
+@needs_multi30k
+def test_corrupted_file_already_in_target_is_reported(tmp_path):
+    (tmp_path / "val.en.gz").write_bytes(b"not the real file")
+    with pytest.raises(DataError, match=r"val\.en\.gz: checksum mismatch: expected sha256 14f7d25d.*delete the file"):
+        prepare_multi30k(tmp_path, langs=("en",), splits=("val",), source_dir=MULTI30K)
+
+
+def test_unknown_multi30k_file_without_checksum_is_refused(tmp_path):
+    with pytest.raises(DataError, match=r"test_2017_mscoco\.en\.gz: not found, and no checksum is known"):
+        prepare_multi30k(tmp_path, langs=("en",), splits=("test_2017_mscoco",))

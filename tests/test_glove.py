@@ -1,0 +1,156 @@
+"""GloVe-format vectors: the four file forms, matching rules, coverage, errors, and the real file."""
+
+from __future__ import annotations
+
+import gzip
+import re
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.glove import GloveError, init_embedding_from_glove, read_vectors, vector_dim
+
+LINES = ["the 0.1 0.2 0.3", "Dog 1 2 3", "dog 4 5 6", "cat 7 8 9", "house 0.5 0.5 0.5"]
+PIECES = ["<pad>", "<unk>", "\u2581the", "Dog", "\u2581Cat", "zebra", "\u2581", "HOUSE"]
+EXPECTED = {2: [0.1, 0.2, 0.3], 3: [1.0, 2.0, 3.0], 4: [7.0, 8.0, 9.0], 7: [0.5, 0.5, 0.5]}
+REAL_GLOVE = Path(
+    os.environ.get("GLOVE_50D", Path(__file__).parents[2] / "shared/data/glove/glove.6B.50d.multi30k.txt.gz")
+)
+
+
+def _write_all_formats(tmp: Path) -> dict[str, str]:
+    text = "\n".join(LINES) + "\n"
+    (tmp / "vectors.txt").write_text(text, encoding="utf-8")
+    with gzip.open(tmp / "vectors.txt.gz", "wt", encoding="utf-8") as handle:
+        handle.write(text)
+    with zipfile.ZipFile(tmp / "glove.test.zip", "w") as archive:
+        archive.writestr("glove.test.4d.txt", "the 1 2 3 4\n")
+        archive.writestr("glove.test.3d.txt", text)
+    (tmp / "vectors.w2v.txt").write_text(f"{len(LINES)} 3\n" + text, encoding="utf-8")
+    return {
+        "txt": str(tmp / "vectors.txt"),
+        "gz": str(tmp / "vectors.txt.gz"),
+        "zip_by_dim": str(tmp / "glove.test.zip"),
+        "zip_member": f"{tmp / 'glove.test.zip'}:glove.test.3d.txt",
+        "word2vec": str(tmp / "vectors.w2v.txt"),
+    }
+
+
+def _embedding(dim: int = 3) -> nn.Embedding:
+    torch.manual_seed(0)
+    return nn.Embedding(len(PIECES), dim, padding_idx=0)
+
+
+@pytest.mark.parametrize("form", ["txt", "gz", "zip_by_dim", "zip_member", "word2vec"])
+def test_every_file_form_reads_the_same_vectors(tmp_path: Path, form: str) -> None:
+    path = _write_all_formats(tmp_path)[form]
+    assert vector_dim(path, expected_dim=3) == 3
+    vectors = read_vectors(path, expected_dim=3)
+    assert vectors.dim == 3 and list(vectors.index) == ["the", "Dog", "dog", "cat", "house"]
+    assert vectors.matrix[vectors.index["dog"]].tolist() == [4.0, 5.0, 6.0]
+    embedding = _embedding()
+    before = embedding.weight.detach().clone()
+    coverage = init_embedding_from_glove(embedding, PIECES, path, skip_ids={1})
+    for row, values in EXPECTED.items():
+        assert embedding.weight[row].tolist() == pytest.approx(values)
+    for row in (1, 5, 6):  # skipped, unmatched, bare "▁": untouched
+        assert torch.equal(embedding.weight[row], before[row])
+    assert torch.equal(embedding.weight[0], torch.zeros(3))  # the pad row stays zero
+    assert (coverage.n_types, coverage.n_types_found) == (6, 4)
+    assert coverage.type_rate == pytest.approx(4 / 6) and coverage.token_rate is None
+
+
+def test_matching_prefers_exact_then_lowercase_and_strips_sentencepiece_marker(tmp_path: Path) -> None:
+    path = _write_all_formats(tmp_path)["txt"]
+    pieces = ["<pad>", "dog", "Dog", "DOG", "\u2581dog", "\u2581DOG"]
+    embedding = nn.Embedding(len(pieces), 3, padding_idx=0)
+    init_embedding_from_glove(embedding, pieces, path)
+    rows = embedding.weight.tolist()
+    assert rows[1] == [4.0, 5.0, 6.0] and rows[2] == [1.0, 2.0, 3.0]  # exact wins over lowercase
+    assert rows[3] == [4.0, 5.0, 6.0] and rows[4] == [4.0, 5.0, 6.0] and rows[5] == [4.0, 5.0, 6.0]
+
+
+def test_token_coverage_from_counts(tmp_path: Path) -> None:
+    path = _write_all_formats(tmp_path)["txt"]
+    counts = {"\u2581the": 10, "Dog": 5, "\u2581Cat": 3, "zebra": 2, "<unk>": 100}
+    coverage = init_embedding_from_glove(_embedding(), PIECES, path, counts=counts, skip_ids={1})
+    assert coverage.token_rate == pytest.approx(18 / 20)  # <unk> is skipped, so not counted
+
+
+def test_freeze_stops_training_the_embedding(tmp_path: Path) -> None:
+    embedding = _embedding()
+    init_embedding_from_glove(embedding, PIECES, _write_all_formats(tmp_path)["txt"], freeze=True)
+    assert not embedding.weight.requires_grad
+
+
+def test_only_requested_words_are_kept(tmp_path: Path) -> None:
+    vectors = read_vectors(_write_all_formats(tmp_path)["gz"], words={"cat", "house", "absent"})
+    assert sorted(vectors.index) == ["cat", "house"] and vectors.matrix.shape == (2, 3)
+
+
+def test_dimension_mismatch_names_file_line_and_numbers(tmp_path: Path) -> None:
+    path = _write_all_formats(tmp_path)["txt"]
+    with pytest.raises(GloveError, match=re.escape(f"{path}:1: vectors have 3 dimensions, but 4 are needed")):
+        init_embedding_from_glove(_embedding(4), PIECES, path)
+    zipped = _write_all_formats(tmp_path)["zip_by_dim"]
+    with pytest.raises(GloveError, match="no member has 5-dimensional vectors"):
+        vector_dim(zipped, expected_dim=5)
+    with pytest.raises(GloveError, match="holds 2 files"):
+        vector_dim(zipped)
+
+
+@pytest.mark.parametrize(
+    ("bad_line", "message"),
+    [("cat 7 8", "expected a word and 3 numbers, found 2 values"),
+     ("cat 7 8 9 10", "expected a word and 3 numbers, found 4 values"),
+     ("cat 7 x 9", "malformed number")],
+)
+def test_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text("the 0.1 0.2 0.3\ndog 4 5 6\n" + bad_line + "\n", encoding="utf-8")
+    with pytest.raises(GloveError, match=re.escape(f"{path}:3: {message}")):
+        read_vectors(path)
+    if "values" in message:  # the field count is checked even for words nobody asked for
+        with pytest.raises(GloveError, match=re.escape(f"{path}:3:")):
+            read_vectors(path, words={"the"})
+
+
+def test_multi_word_entries_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "spaced.txt"
+    path.write_text("the 0.1 0.2 0.3\n. . . 1 2 3\n", encoding="utf-8")
+    assert read_vectors(path).matrix[read_vectors(path).index[". . ."]].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(GloveError, match="not found"):
+        vector_dim(tmp_path / "nope.txt")
+
+
+@pytest.mark.skipif(not REAL_GLOVE.exists(), reason=f"{REAL_GLOVE} is absent")
+def test_real_glove_file() -> None:
+    assert vector_dim(REAL_GLOVE) == 50
+    vectors = read_vectors(REAL_GLOVE, expected_dim=50, words={"the"})
+    assert vectors.matrix[0, :2].tolist() == pytest.approx([0.418, 0.24968])
+    pieces = ["<pad>", "\u2581the", "\u2581dog", "\u2581Runs", "man", "\u2581Street", "qzxqv"]
+    coverage = init_embedding_from_glove(nn.Embedding(len(pieces), 50, padding_idx=0), pieces, REAL_GLOVE)
+    assert (coverage.n_types, coverage.n_types_found) == (6, 5)
+
+
+def test_rescale_matches_the_random_init_std(tmp_path):
+    rows = {f"w{i}": [float((i * 7 + j) % 11) for j in range(4)] for i in range(20)}
+    path = tmp_path / "v.txt"
+    path.write_text("".join(f"{w} {' '.join(map(str, v))}\n" for w, v in rows.items()), encoding="utf-8")
+    torch.manual_seed(0)
+    embedding = nn.Embedding(40, 4)
+    nn.init.normal_(embedding.weight, std=0.5)
+    pieces = list(rows) + [f"x{i}" for i in range(20)]
+    init_std = embedding.weight.detach().std().item()
+    init_embedding_from_glove(embedding, pieces, path, rescale=True)
+    copied = torch.tensor([rows[w] for w in rows])
+    assert embedding.weight[:20].detach().std().item() == pytest.approx(init_std, rel=1e-5)
+    ratio = embedding.weight[:20].detach() / copied.clamp(min=1e-9)
+    assert torch.allclose(ratio[copied > 0], ratio[copied > 0][0])  # one common factor: directions kept

@@ -1,0 +1,218 @@
+"""The Transformer: configuration, masking invariances, cached decoding, attention maps, and learning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer.config import ConfigError, ModelConfig, NormPosition, PositionKind
+from transformer.model import Transformer, build_model, select_encoder_output
+
+# A toy vocabulary local to these tests: the model takes pad_id as an argument.
+PAD, BOS, EOS, FIRST_DIGIT = 0, 1, 2, 3
+VOCAB = 13
+
+
+def _cfg(**overrides: object) -> ModelConfig:
+    base = dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                max_positions=64)
+    base.update(overrides)
+    return ModelConfig(**base)  # type: ignore[arg-type]
+
+
+def _model(seed: int = 0, **overrides: object) -> Transformer:
+    torch.manual_seed(seed)
+    return build_model(_cfg(**overrides), VOCAB, VOCAB, PAD).eval()
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.tensor([[4, 5, 6, 7, 8], [9, 10, 4, PAD, PAD], [11, PAD, PAD, PAD, PAD]])
+    tgt_in = torch.tensor([[BOS, 8, 7, 6, 5, 4], [BOS, 4, 10, 9, PAD, PAD], [BOS, 11, PAD, PAD, PAD, PAD]])
+    return src, tgt_in
+
+
+CONFIGS = {
+    "pre_sinusoidal": {},
+    "post_learned": {"norm": NormPosition.post, "positions": PositionKind.learned},
+    "shared_untied_odd": {"share_embeddings": True, "tie_output": False, "d_model": 15, "n_heads": 3},
+    "free_head_size": {"d_model": 12, "n_heads": 5, "d_head": 4},
+}
+
+
+def test_shapes_and_embedding_properties() -> None:
+    model = _model(share_embeddings=True)
+    src, tgt_in = _batch()
+    assert model(src, tgt_in).shape == (3, 6, VOCAB)
+    assert model.src_token_embedding is model.tgt_token_embedding
+    assert model.output_proj is None  # tied to the target embedding
+    assert torch.equal(model.src_token_embedding.weight[PAD], torch.zeros(16))
+    untied = _model(tie_output=False)
+    assert untied.src_token_embedding is not untied.tgt_token_embedding
+    extra = sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in _model().parameters())
+    assert extra == 16 * VOCAB  # exactly the separate output projection
+
+
+def test_share_embeddings_needs_equal_vocab_sizes() -> None:
+    with pytest.raises(ConfigError, match="model.share_embeddings.*13.*20"):
+        build_model(_cfg(share_embeddings=True), 13, 20, PAD)
+    assert build_model(_cfg(), 13, 20, PAD)(*_batch()).shape[-1] == 20
+
+
+def test_init_is_xavier_and_scaled_normal() -> None:
+    model = build_model(_cfg(d_model=32, d_ff=128), 500, 500, PAD)
+    ff = model.encoder.layers[0].feed_forward.linear1.weight  # (128, 32)
+    bound = (6 / (128 + 32)) ** 0.5
+    assert ff.abs().max() <= bound and ff.abs().max() > 0.9 * bound
+    assert torch.equal(model.encoder.layers[0].feed_forward.linear1.bias, torch.zeros(128))
+    emb = model.src_token_embedding.weight[1:]
+    assert abs(emb.std().item() - 32**-0.5) < 0.01
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_padded_batch_equals_each_sentence_alone(name: str) -> None:
+    model = _model(**CONFIGS[name])
+    src, tgt_in = _batch()
+    batched = model(src, tgt_in)
+    for i in range(3):
+        s_len, t_len = int((src[i] != PAD).sum()), int((tgt_in[i] != PAD).sum())
+        alone = model(src[i : i + 1, :s_len], tgt_in[i : i + 1, :t_len])
+        assert torch.allclose(batched[i, :t_len], alone[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_later_target_tokens_do_not_change_earlier_outputs(name: str) -> None:
+    model = _model(**CONFIGS[name])
+    src, tgt_in = _batch()
+    changed = tgt_in.clone()
+    changed[:, 3:] = torch.randint(FIRST_DIGIT, VOCAB, (3, 3))
+    a, b = model(src, tgt_in), model(src, changed)
+    assert torch.allclose(a[:, :3], b[:, :3], atol=1e-6)
+    assert not torch.allclose(a[:, 3:], b[:, 3:])
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cached_decoding_equals_the_full_pass(name: str) -> None:
+    model = _model(**CONFIGS[name])
+    src, tgt_in = _batch()
+    with torch.no_grad():
+        full = model(src, tgt_in)
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        steps = []
+        for t in range(tgt_in.size(1)):
+            out = model.decode(tgt_in[:, t : t + 1], enc, cache)
+            cache = out.cache
+            steps.append(out.logits)
+        assert cache.length == tgt_in.size(1)
+        assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+        # several tokens at once on top of a cache
+        cache = model.decode(tgt_in[:, :2], enc, model.init_cache(enc)).cache
+        rest = model.decode(tgt_in[:, 2:], enc, cache).logits
+        assert torch.allclose(rest, full[:, 2:], atol=1e-5)
+
+
+def test_cached_decoding_after_select_reorders_rows() -> None:
+    model = _model()
+    src, tgt_in = _batch()
+    order = torch.tensor([2, 0, 0, 1])  # reorder and repeat rows, as beam search does
+    with torch.no_grad():
+        full = model(src[order], tgt_in[order])
+        enc = model.encode(src)
+        cache = model.decode(tgt_in[:, :3], enc, model.init_cache(enc)).cache  # 3 steps on the original rows
+        cache, enc = cache.select(order), select_encoder_output(enc, order)
+        steps = []
+        for t in range(3, 5):
+            out = model.decode(tgt_in[order][:, t : t + 1], enc, cache)
+            cache = out.cache
+            steps.append(out.logits)
+        assert torch.allclose(torch.cat(steps, dim=1), full[:, 3:5], atol=1e-5)
+        keep = torch.tensor([1, 3])  # drop finished rows
+        cache, enc = cache.select(keep), select_encoder_output(enc, keep)
+        last = model.decode(tgt_in[order][keep][:, 5:], enc, cache).logits
+        assert torch.allclose(last, full[keep][:, 5:], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["pre_sinusoidal", "post_learned"])
+def test_attention_weights_of_every_layer(name: str) -> None:
+    model = _model(**CONFIGS[name])
+    src, tgt_in = _batch()
+    enc = model.encode(src, need_weights=True)
+    assert len(enc.attentions) == 2 and enc.attentions[0].shape == (3, 2, 5, 5)
+    out = model.decode(tgt_in, enc, need_weights=True)
+    assert len(out.self_attentions) == 2 and out.self_attentions[1].shape == (3, 2, 6, 6)
+    assert len(out.cross_attentions) == 2 and out.cross_attentions[0].shape == (3, 2, 6, 5)
+    assert torch.equal(out.cross_attentions[0][1, :, :, 3:], torch.zeros(2, 6, 2))  # source pads
+    assert torch.equal(out.self_attentions[0][0].triu(1), torch.zeros(2, 6, 6))  # causal
+    assert torch.allclose(out.logits, model(src, tgt_in), atol=1e-5)  # explicit path == fused path
+    assert model.encode(src).attentions is None and model.decode(tgt_in, enc).self_attentions is None
+    # with a cache: one step's weights are the last row of the full maps
+    cache = model.decode(tgt_in[:, :5], enc, model.init_cache(enc)).cache
+    step = model.decode(tgt_in[:, 5:], enc, cache, need_weights=True)
+    assert torch.allclose(step.self_attentions[0], out.self_attentions[0][:, :, 5:], atol=1e-5)
+    assert torch.allclose(step.cross_attentions[1], out.cross_attentions[1][:, :, 5:], atol=1e-5)
+
+
+def test_empty_source_gives_finite_outputs_and_gradients() -> None:
+    model = _model()
+    model.train()
+    src = torch.tensor([[PAD, PAD, PAD], [4, 5, 6]])
+    tgt_in = torch.tensor([[BOS, 4], [BOS, 5]])
+    logits = model(src, tgt_in)
+    assert torch.isfinite(logits).all()
+    logits.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def _reverse_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random digit strings of 3-8 digits; the target is the string reversed."""
+    lengths = torch.randint(3, 9, (n,), generator=gen).tolist()
+    width = max(lengths)
+    src = torch.full((n, width), PAD)
+    tgt_in = torch.full((n, width + 1), PAD)
+    tgt_out = torch.full((n, width + 1), PAD)
+    for i, length in enumerate(lengths):
+        digits = torch.randint(FIRST_DIGIT, FIRST_DIGIT + 10, (length,), generator=gen)
+        src[i, :length] = digits
+        tgt_in[i, 0], tgt_in[i, 1 : length + 1] = BOS, digits.flip(0)
+        tgt_out[i, :length], tgt_out[i, length] = digits.flip(0), EOS
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.slow
+def test_learns_to_reverse_digit_strings() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: extra threads only contend for the shared cores
+    try:
+        _train_and_check_reversal()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_and_check_reversal() -> None:
+    torch.manual_seed(0)
+    model = build_model(_cfg(d_model=32, n_heads=4, d_ff=64), VOCAB, VOCAB, PAD)
+    steps = 600
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        src, tgt_in, tgt_out = _reverse_batch(gen, 64)
+        loss = F.cross_entropy(model(src, tgt_in).transpose(1, 2), tgt_out, ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.eval()
+    src, _, tgt_out = _reverse_batch(torch.Generator().manual_seed(99), 500)  # held-out strings
+    with torch.no_grad():  # greedy decoding with the cache
+        enc = model.encode(src)
+        cache = model.init_cache(enc)
+        token, predicted = torch.full((500, 1), BOS), []
+        for _ in range(tgt_out.size(1)):
+            out = model.decode(token, enc, cache)
+            cache, token = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+            predicted.append(token)
+    predicted = torch.cat(predicted, dim=1)
+    exact = ((predicted == tgt_out) | (tgt_out == PAD)).all(dim=1).float().mean().item()
+    assert exact >= 0.99

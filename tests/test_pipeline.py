@@ -1,0 +1,105 @@
+"""End to end: the train / evaluate / translate commands on a toy corpus, and the smoke run on Multi30k."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from transformer import pipeline
+from transformer.data import DataError
+
+from conftest import REPO, write_toy_corpus
+
+TOY = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", "training.warmup_steps=20",
+       "training.lr=3e-3", "model.dropout=0.0", "training.max_tokens=512"]
+
+
+def _train(compose_config, toy_corpus: Path, run_dir: Path, *overrides: str) -> dict:
+    cfg = compose_config("train", [*TOY, f"data.dir={toy_corpus}", f"output_dir={run_dir}", *overrides])
+    return pipeline.train(OmegaConf.to_object(cfg))
+
+
+@pytest.fixture(scope="module")
+def trained_run(compose_config, tmp_path_factory) -> tuple[Path, dict]:
+    """One short toy training run shared by the evaluate/translate tests."""
+    root = tmp_path_factory.mktemp("run")
+    corpus = write_toy_corpus(root / "toy")
+    metrics = _train(compose_config, corpus, root / "out", "training.max_epochs=12",
+                     "training.validate_every_steps=40")
+    return root / "out", metrics
+
+
+def test_training_run_writes_everything(trained_run):
+    run_dir, metrics = trained_run
+    for name in ("last.pt", "best.pt", "final.pt"):
+        assert (run_dir / "checkpoints" / name).is_file(), name
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    saved = json.loads((run_dir / "metrics.json").read_text())
+    assert saved["test_bleu"] == pytest.approx(metrics["test_bleu"])
+    assert "nrefs:1" in saved["test"]["bleu_signature"]
+    hypotheses = (run_dir / "test.hyp.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == 40
+
+
+def test_toy_reversal_is_learned(trained_run):
+    _, metrics = trained_run
+    assert metrics["test_bleu"] > 60.0, metrics
+
+
+def test_evaluate_scores_and_dumps_attention(trained_run, compose_config, tmp_path):
+    run_dir, metrics = trained_run
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", "eval=greedy", f"output_dir={tmp_path}",
+                                      "attention.indices=[0]", "attention.on_reference=true"])
+    result = pipeline.evaluate(OmegaConf.to_object(cfg))
+    assert result["bleu"] == pytest.approx(metrics["test_bleu"], abs=1e-6)  # same weights, same greedy search
+    pngs = sorted(p.name for p in (tmp_path / "attention").glob("*.png"))
+    assert "test0_hyp_cross_layer0.png" in pngs and "test0_ref_alignment.png" in pngs
+    assert (tmp_path / "attention" / "test0_hyp.npz").is_file()
+
+
+def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    text = "a b c\n\nd e f g\n\u00e9\u00e8 \u2603 \U0001F600\nh\n"
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "translate.py"), f"run_dir={run_dir}", "eval=greedy", "device=cpu"],
+        input=text, capture_output=True, text=True, check=True, cwd=tmp_path,
+    )
+    lines = out.stdout.split("\n")[:-1]
+    assert len(lines) == 5 and lines[1] == ""
+    assert lines[0].split() == ["c", "b", "a"]
+
+
+def test_missing_corpus_says_how_to_get_it(compose_config, tmp_path):
+    cfg = compose_config("train", [*TOY, f"data.dir={tmp_path / 'nowhere'}", f"output_dir={tmp_path / 'out'}"])
+    with pytest.raises(DataError, match="nowhere"):
+        pipeline.train(OmegaConf.to_object(cfg))
+
+
+def test_resume_continues_to_the_same_step_count(compose_config, toy_corpus, tmp_path):
+    first = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=10")
+    assert first["train"]["steps"] == 10
+    resumed = _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=20",
+                     f"resume={tmp_path / 'run'}")
+    assert resumed["train"]["steps"] == 20
+    assert (tmp_path / "run" / "metrics.json").is_file()  # the resumed run writes into its own directory
+
+
+@pytest.mark.slow
+def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
+    """The README's smoke command, as a user types it (the run directory goes under tmp_path)."""
+    env = {**os.environ, "MULTI30K_DIR": str(multi30k)}
+    subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train.py"), "model=tiny", "training.max_steps=50",
+         "data.max_pairs=2000", f"hydra.run.dir={tmp_path / 'run'}", f"data.dir={tmp_path / 'multi30k'}",
+         "training.progress_bar=false"],
+        check=True, env=env, cwd=tmp_path, capture_output=True, text=True,
+    )
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["train"]["steps"] == 50
+    assert 0.0 <= metrics["test_bleu"] <= 100.0 and metrics["test"]["n_sentences"] == 1000

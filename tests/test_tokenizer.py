@@ -1,0 +1,210 @@
+"""Tokenizers: special ids, round trips on real Multi30k lines, reuse of saved models, state dicts."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer import tokenizer as tok_module
+from transformer.config import SentencePieceModel, TokenizerConfig, TokenizerKind
+from transformer.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIAL_PIECES,
+    UNK_ID,
+    SentencePieceTokenizer,
+    TokenizerError,
+    WordTokenizer,
+    build_tokenizers,
+    tokenizer_from_state,
+    train_sentencepiece,
+    word_detokenize,
+    word_tokenize,
+)
+
+MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
+
+
+def _lines(name: str, n: int) -> list[str]:
+    with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as handle:
+        return [" ".join(next(handle).split()) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> dict[str, list[str]]:
+    if not (MULTI30K / "train.en.gz").is_file():
+        pytest.skip(f"no Multi30k at {MULTI30K}")
+    return {
+        "train_en": _lines("train.en.gz", 2000),
+        "train_de": _lines("train.de.gz", 2000),
+        "val_en": _lines("val.en.gz", 300),
+        "val_de": _lines("val.de.gz", 300),
+    }
+
+
+@pytest.fixture(scope="module")
+def spm_cfg() -> TokenizerConfig:
+    return TokenizerConfig(kind=TokenizerKind.sentencepiece, vocab_size=500, joint=True)
+
+
+@pytest.fixture(scope="module")
+def spm_joint(corpus, spm_cfg, tmp_path_factory) -> SentencePieceTokenizer:
+    src, tgt = build_tokenizers(spm_cfg, corpus["train_en"], corpus["train_de"], tmp_path_factory.mktemp("spm"))
+    assert src is tgt
+    return src
+
+
+# --------------------------------------------------------------------------------------------------
+# SentencePiece
+# --------------------------------------------------------------------------------------------------
+
+
+def test_sentencepiece_special_ids_and_vocab_size(spm_joint):
+    assert spm_joint.vocab_size == 500
+    assert (spm_joint.pad_id, spm_joint.unk_id, spm_joint.bos_id, spm_joint.eos_id) == (0, 1, 2, 3)
+    assert [spm_joint.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert spm_joint.pieces()[:4] == list(SPECIAL_PIECES) and len(spm_joint.pieces()) == 500
+
+
+def test_sentencepiece_round_trip_is_exact_on_real_lines(spm_joint, corpus):
+    for lines in (corpus["train_en"], corpus["train_de"]):
+        assert [spm_joint.decode(spm_joint.encode(line)) for line in lines] == lines
+    # unseen validation lines: only characters missing from the 2000 training lines can differ
+    val = corpus["val_en"] + corpus["val_de"]
+    exact = sum(spm_joint.decode(spm_joint.encode(line)) == line for line in val) / len(val)
+    assert exact >= 0.97
+
+
+def test_sentencepiece_encode_adds_no_specials_and_decode_skips_them(spm_joint):
+    ids = spm_joint.encode("A man rides a bike.")
+    assert ids and not set(ids) & {PAD_ID, BOS_ID, EOS_ID}
+    assert spm_joint.decode([BOS_ID, *ids, EOS_ID, PAD_ID, PAD_ID]) == "A man rides a bike."
+
+
+def test_sentencepiece_state_dict_survives_weights_only_load(spm_joint, corpus):
+    buffer = io.BytesIO()
+    torch.save({"tokenizer": spm_joint.state_dict()}, buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)["tokenizer"]
+    assert state["model_proto"].dtype == torch.uint8
+    restored = tokenizer_from_state(state)
+    assert restored.pieces() == spm_joint.pieces()
+    assert [restored.encode(s) for s in corpus["val_de"][:50]] == [spm_joint.encode(s) for s in corpus["val_de"][:50]]
+
+
+def test_sentencepiece_model_is_reused_when_data_and_settings_match(corpus, spm_cfg, tmp_path, monkeypatch):
+    src, tgt = corpus["train_en"][:800], corpus["train_de"][:800]
+    first, _ = build_tokenizers(spm_cfg, src, tgt, tmp_path)
+    saved = sorted(p.name for p in tmp_path.iterdir())
+    assert len(saved) == 1 and saved[0].startswith("sentencepiece-joint-") and saved[0].endswith(".model")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("retrained although data and settings are unchanged")
+
+    monkeypatch.setattr(tok_module, "train_sentencepiece", no_training)
+    again, _ = build_tokenizers(spm_cfg, src, tgt, tmp_path)
+    assert again.pieces() == first.pieces()
+    monkeypatch.undo()
+
+    other_vocab = TokenizerConfig(vocab_size=400)
+    build_tokenizers(other_vocab, src, tgt, tmp_path)
+    build_tokenizers(spm_cfg, src[:-1], tgt[:-1], tmp_path)  # other text
+    assert len(list(tmp_path.iterdir())) == 3
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_sentencepiece_separate_vocabularies(corpus, tmp_path):
+    cfg = TokenizerConfig(vocab_size=300, joint=False)
+    src, tgt = build_tokenizers(cfg, corpus["train_en"][:1000], corpus["train_de"][:1000], tmp_path)
+    assert src is not tgt and src.pieces() != tgt.pieces()
+    assert {p.name.split("-")[1] for p in tmp_path.iterdir()} == {"src", "tgt"}
+    assert "▁Mann" in tgt.pieces() and "▁Mann" not in src.pieces()
+
+
+def test_unigram_training_is_deterministic(corpus):
+    cfg = TokenizerConfig(vocab_size=300, model_type=SentencePieceModel.unigram)
+    first = train_sentencepiece(corpus["train_en"][:1000], cfg)
+    assert train_sentencepiece(corpus["train_en"][:1000], cfg) == first
+    assert SentencePieceTokenizer(first).vocab_size == 300
+
+
+def test_too_large_vocabulary_gives_a_clear_error():
+    cfg = TokenizerConfig(vocab_size=5000)
+    with pytest.raises(TokenizerError, match=r"data\.tokenizer\.vocab_size=5000 is too large.*at most \d+"):
+        train_sentencepiece(["a small corpus", "with few words"] * 10, cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# Word level
+# --------------------------------------------------------------------------------------------------
+
+
+def test_word_tokenize_keeps_words_and_splits_clitics_and_punctuation():
+    text = "Don't stop, it's John's well-known 3.5-hour show (o'clock)!"
+    assert word_tokenize(text) == [
+        "Do", "n't", "stop", ",", "it", "'s", "John", "'s", "well-known", "3.5", "-", "hour", "show",
+        "(", "o'clock", ")", "!",
+    ]
+    assert word_tokenize("Ein Mann. Zwei", lowercase=True) == ["ein", "mann", ".", "zwei"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'He said "don\'t go" (twice) to the dogs\' owners.',
+        "Ein Schild mit „Open“-Anzeige, 20% billiger; wirklich?",
+        "A “quoted” word, a $5 bill and #19: done...",
+    ],
+)
+def test_word_detokenize_restores_ordinary_spacing(text):
+    expected = text.replace("-Anzeige", " - Anzeige")  # a hyphen after a quote is its own token
+    assert word_detokenize(word_tokenize(text)) == expected
+
+
+def test_word_vocabulary_is_ordered_by_frequency_and_capped():
+    texts = ["e b a b", "c b a e f", "e d"]  # b:3 e:3 a:2 c:1 d:1 f:1
+    cfg = TokenizerConfig(kind=TokenizerKind.word, vocab_size=8, min_freq=1)
+    words = WordTokenizer.train(texts, cfg)
+    assert words.pieces() == [*SPECIAL_PIECES, "b", "e", "a", "c"]  # ties alphabetical; d, f cut by vocab_size
+    assert words.encode("a b d") == [6, 4, UNK_ID]
+    assert words.decode([BOS_ID, 6, 4, UNK_ID, EOS_ID, PAD_ID]) == "a b <unk>"
+    rare = WordTokenizer.train(texts, TokenizerConfig(kind=TokenizerKind.word, vocab_size=100, min_freq=2))
+    assert rare.pieces() == [*SPECIAL_PIECES, "b", "e", "a"]
+    full = WordTokenizer.train(texts, TokenizerConfig(kind=TokenizerKind.word, vocab_size=100))
+    assert full.pieces() == [*SPECIAL_PIECES, "b", "e", "a", "c", "d", "f"]
+
+
+def test_word_round_trip_rate_on_real_lines(corpus, tmp_path):
+    cfg = TokenizerConfig(kind=TokenizerKind.word, vocab_size=100_000, joint=False)
+    for lines in (corpus["train_en"], corpus["train_de"]):
+        words, _ = build_tokenizers(cfg, lines, lines, tmp_path)
+        assert UNK_ID not in {i for line in lines for i in words.encode(line)}
+        exact = sum(words.decode(words.encode(line)) == line for line in lines) / len(lines)
+        assert exact >= 0.98, exact
+    assert list(tmp_path.iterdir()) == []  # word vocabularies are not saved
+
+
+def test_word_lowercase_and_state_dict(corpus):
+    cfg = TokenizerConfig(kind=TokenizerKind.word, vocab_size=3000, lowercase=True)
+    words, same = build_tokenizers(cfg, corpus["train_en"], corpus["train_en"], Path("unused"))
+    assert words is same
+    assert words.encode("A DOG") == words.encode("a dog") and UNK_ID not in words.encode("a dog")
+    buffer = io.BytesIO()
+    torch.save(words.state_dict(), buffer)
+    buffer.seek(0)
+    restored = tokenizer_from_state(torch.load(buffer, weights_only=True))
+    assert isinstance(restored, WordTokenizer) and restored.pieces() == words.pieces()
+    assert restored.encode(corpus["val_en"][0]) == words.encode(corpus["val_en"][0])
+
+
+def test_bad_states_are_rejected():
+    with pytest.raises(TokenizerError, match="unknown tokenizer kind 'bpe'"):
+        tokenizer_from_state({"kind": "bpe"})
+    with pytest.raises(TokenizerError, match="must start with"):
+        WordTokenizer(["a", "b", "c", "d"])

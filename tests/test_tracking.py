@@ -1,0 +1,32 @@
+"""Tracker: scalars land in TensorBoard event files under the documented names; disabled trackers write nothing."""
+
+from __future__ import annotations
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer.tracking import ProgressBar, Tracker
+
+
+def test_scalars_and_text_are_written(tmp_path):
+    tracker = Tracker(tmp_path / "tb", enabled=True)
+    tracker.scalars({"loss": 2.5, "lr": 0.001}, 3, prefix="train")
+    tracker.scalars({"test/bleu": 31.0}, 9)
+    tracker.text("valid/samples", "a | b", 3)
+    tracker.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"train/loss", "train/lr", "test/bleu"}
+    [loss] = events.Scalars("train/loss")
+    assert (loss.step, loss.value) == (3, 2.5)
+    assert events.Scalars("test/bleu")[0].step == 9
+
+
+def test_disabled_tracker_and_bar_do_nothing(tmp_path):
+    tracker = Tracker(tmp_path / "tb", enabled=False)
+    tracker.scalars({"loss": 1.0}, 1, prefix="train")
+    tracker.hparams({"lr": 1.0}, {"bleu": 1.0})
+    tracker.close()
+    assert not (tmp_path / "tb").exists()
+    bar = ProgressBar(10, enabled=False)
+    bar.update(1, loss=1.0, tokens_per_s=5.0)
+    bar.close()

@@ -1,0 +1,153 @@
+"""Trainer: learning, exact resume (mid-epoch and after Ctrl-C), divergence, early stopping, stop reasons."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from dataclasses import replace
+
+import pytest
+import torch
+
+from toy_training import copy_pairs, make_trainer, parameters, training_config
+from transformer.checkpoint import CheckpointError, load_checkpoint
+from transformer.config import Schedule
+from transformer.trainer import Trainer, TrainingDiverged
+
+PAIRS = copy_pairs(40, seed=1)
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.slow
+def test_learns_the_copy_task(tmp_path):
+    cfg = training_config(max_epochs=20, max_tokens=100, lr=1e-2, warmup_steps=10, schedule=Schedule.constant,
+                          label_smoothing=0.0)
+    trainer = make_trainer(tmp_path, cfg, PAIRS, dropout=0.0)
+    before = trainer.validate(trainer.model.eval(), 0)
+    result = trainer.fit()
+    assert result.reason == "max_epochs" and result.epochs == 20 and result.steps == 20 * len(trainer.sampler)
+    assert result.last_metrics["loss"] < 0.3 * before["loss"]
+    assert result.best_bleu > 75.0  # teacher-forced token accuracy in percent; chance is about 12
+    assert load_checkpoint(tmp_path / "checkpoints" / "best.pt")["best_bleu"] == result.best_bleu
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, accumulate):
+    straight = make_trainer(tmp_path / "a", training_config(accumulate=accumulate), PAIRS)
+    per_epoch = -(-len(straight.sampler) // accumulate)  # the last step of an epoch may hold fewer batches
+    steps = per_epoch + 2  # stop inside the second epoch
+    assert 3 < per_epoch
+    straight.cfg = replace(straight.cfg, max_steps=steps)
+    straight.fit()
+
+    first = make_trainer(tmp_path / "b", training_config(max_steps=3, accumulate=accumulate), PAIRS)
+    assert first.fit().reason == "max_steps"
+    state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert state["step"] == 3 and state["sampler"] == {"epoch": 0, "position": 3 * accumulate}
+
+    resumed = make_trainer(tmp_path / "b", training_config(max_steps=steps, accumulate=accumulate), PAIRS,
+                           model_seed=99)  # different initial weights: everything must come from the checkpoint
+    resumed.load_state(state)
+    result = resumed.fit()
+    assert result.steps == steps and result.epochs == 1
+    _assert_same(parameters(straight), parameters(resumed))
+
+
+def test_ctrl_c_saves_between_steps_and_resumes_exactly(tmp_path):
+    cfg = training_config(max_steps=8)
+    straight = make_trainer(tmp_path / "a", cfg, PAIRS)
+    straight.fit()
+
+    def send_sigint(call: int) -> None:
+        if call == 5:  # while collating step 5's batch
+            os.kill(os.getpid(), signal.SIGINT)
+
+    interrupted = make_trainer(tmp_path / "b", cfg, PAIRS, collate_hook=send_sigint)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.fit()
+    state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert (state["step"], state["reason"]) == (5, "interrupt")  # step 5 finished before saving
+    assert not list((tmp_path / "b" / "checkpoints").glob("step_*.pt"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    resumed = make_trainer(tmp_path / "b", cfg, PAIRS, model_seed=5)
+    resumed.load_state(state)
+    resumed.fit()
+    _assert_same(parameters(straight), parameters(resumed))
+
+
+def test_nan_loss_stops_without_overwriting_last_good_checkpoint(tmp_path):
+    cfg = training_config(validate_every_steps=2, max_steps=20)
+    poison = {"on": False}
+
+    def poison_at(call: int) -> None:
+        poison["on"] = call >= 4
+
+    trainer = make_trainer(tmp_path, cfg, PAIRS, collate_hook=poison_at)
+    trainer.model.register_forward_hook(lambda module, args, out: out * float("nan") if poison["on"] else out)
+    last = tmp_path / "checkpoints" / "last.pt"
+    with pytest.raises(TrainingDiverged, match="step 4.*not overwritten"):
+        trainer.fit()
+    state = load_checkpoint(last)
+    assert state["step"] == 2
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())  # the NaN step was not applied
+    digest = hashlib.sha256(last.read_bytes()).hexdigest()
+    assert digest == hashlib.sha256((tmp_path / "checkpoints" / "step_2.pt").read_bytes()).hexdigest()
+
+
+def test_early_stopping_after_patience_validations_without_gain(tmp_path):
+    scripted = iter([10.0, 12.0, 11.0, 12.0, 30.0])
+    cfg = training_config(validate_every_steps=1, patience=2, max_steps=50)
+    trainer = make_trainer(tmp_path, cfg, PAIRS, validate=lambda model, step: {"bleu": next(scripted), "loss": 1.0})
+    result = trainer.fit()
+    assert (result.reason, result.stopped_early, result.steps) == ("early_stopping", True, 4)
+    assert (result.best_bleu, result.best_step) == (12.0, 2)
+    best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert best["step"] == 2 and best["bad_validations"] == 0
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["bad_validations"] == 2
+
+
+def test_epoch_validation_and_final_validation(tmp_path):
+    seen = []
+    cfg = training_config(max_epochs=2, max_steps=100)
+
+    def validate(model, step):
+        assert not model.training
+        seen.append(step)
+        return {"bleu": float(step), "loss": 2.0}
+
+    trainer = make_trainer(tmp_path, cfg, PAIRS, validate=validate)
+    n = len(trainer.sampler)
+    result = trainer.fit()
+    assert seen == [n, 2 * n] and result.reason == "max_epochs"
+    assert result.last_metrics["ppl"] == pytest.approx(torch.e ** 2)
+    end_of_epoch = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert end_of_epoch["epoch"] == 2 and end_of_epoch["sampler"] == {"epoch": 2, "position": 0}
+
+    seen.clear()
+    stopped = make_trainer(tmp_path / "c", replace(cfg, max_steps=n + 3), PAIRS, validate=validate).fit()
+    assert seen == [n, n + 3] and stopped.reason == "max_steps" and stopped.epochs == 1
+
+
+def test_max_minutes_stops(tmp_path):
+    cfg = training_config(max_minutes=1e-9, max_epochs=5)
+    result = make_trainer(tmp_path, cfg, PAIRS).fit()
+    assert (result.reason, result.steps) == ("max_minutes", 1)
+
+
+@pytest.mark.parametrize("extra, error, message", [
+    ({"step": 1}, ValueError, "clash"),  # would shadow the trainer's own key
+    ({"schedule": Schedule.cosine}, CheckpointError, r"extra_state\.schedule"),  # not weights_only-loadable
+])
+def test_extra_state_is_checked_up_front(tmp_path, extra, error, message):
+    t = make_trainer(tmp_path, training_config(), PAIRS)
+    with pytest.raises(error, match=message):
+        Trainer(t.model, t.optimizer, t.cfg, dataset=PAIRS, sampler=t.sampler, collate_fn=t.collate_fn, pad_id=0,
+                device=t.device, dist=t.dist, tracker=t.tracker, checkpoints=t.checkpoints, validate=t.validate,
+                extra_state=extra)

@@ -1,0 +1,113 @@
+"""Tiny training setups shared by the trainer and distributed tests: a copy task, a tiny real Transformer,
+and a Trainer built from them (CPU, seconds)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer.batching import Batch, TokenBucketSampler, collate
+from transformer.checkpoint import CheckpointManager
+from transformer.config import ModelConfig, Precision, Schedule, TrainingConfig
+from transformer.distributed import DistContext
+from transformer.model import build_model
+from transformer.optim import build_optimizer
+from transformer.tracking import Tracker
+from transformer.trainer import Trainer
+
+from transformer.tokenizer import BOS_ID as BOS
+from transformer.tokenizer import EOS_ID as EOS
+from transformer.tokenizer import PAD_ID as PAD
+
+# the toy vocabulary's own symbols are VOCAB_START..VOCAB-1, after the special ids
+VOCAB_START, VOCAB = 4, 12
+SINGLE = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), is_main=True)
+
+
+def copy_pairs(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """(src, tgt) pairs where the target is the source, lengths 2..6, ids VOCAB_START..VOCAB-1."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        seq = [rng.randrange(VOCAB_START, VOCAB) for _ in range(rng.randint(2, 6))]
+        pairs.append((seq, list(seq)))
+    return pairs
+
+
+def tiny_model(seed: int, dropout: float = 0.1) -> nn.Module:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=dropout,
+                      max_positions=32)
+    return build_model(cfg, VOCAB, VOCAB, PAD)
+
+
+def training_config(**overrides) -> TrainingConfig:
+    base = dict(seed=7, max_epochs=3, max_tokens=48, lr=3e-3, warmup_steps=4, schedule=Schedule.inverse_sqrt,
+                label_smoothing=0.1, clip_grad_norm=1.0, precision=Precision.fp32, patience=None,
+                log_every_steps=2, keep_last=2, progress_bar=False)
+    base.update(overrides)
+    return TrainingConfig(**base)
+
+
+def teacher_forced_validate(pairs: list[tuple[list[int], list[int]]]) -> Callable[[nn.Module, int], dict]:
+    """A validation callback: per-token NLL and token accuracy (as "bleu", x100) on ``pairs``; uses no RNG."""
+    batch = toy_collate(pairs, list(range(len(pairs))))
+
+    def validate(model: nn.Module, step: int) -> dict[str, float]:
+        logits = model(batch.src, batch.tgt_in)  # (batch, tgt_len, vocab)
+        keep = batch.tgt_out.ne(PAD)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD).item()
+        correct = (logits.argmax(-1).eq(batch.tgt_out) & keep).sum().item()
+        return {"loss": loss, "bleu": 100.0 * correct / keep.sum().item()}
+
+    return validate
+
+
+def toy_collate(examples: list[tuple[list[int], list[int]]], indices: list[int]) -> Batch:
+    return collate(examples, indices, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+
+
+def make_sampler(pairs: list[tuple[list[int], list[int]]], cfg: TrainingConfig, *, rank: int = 0,
+                 world_size: int = 1) -> TokenBucketSampler:
+    return TokenBucketSampler([len(s) for s, _ in pairs], [len(t) for _, t in pairs], cfg.max_tokens,
+                              seed=cfg.seed, rank=rank, world_size=world_size)
+
+
+def make_trainer(
+    run_dir: Path,
+    cfg: TrainingConfig,
+    pairs: list[tuple[list[int], list[int]]],
+    *,
+    model_seed: int = 0,
+    dropout: float = 0.1,
+    validate: Callable[[nn.Module, int], dict] | None = None,
+    dist: DistContext = SINGLE,
+    collate_hook: Callable[[int], None] | None = None,
+    sampler: object | None = None,
+) -> Trainer:
+    """A Trainer over ``pairs`` with a fresh tiny model; ``collate_hook(call_number)`` runs inside collate."""
+    model = tiny_model(model_seed, dropout)
+    sampler = sampler or make_sampler(pairs, cfg, rank=dist.rank, world_size=dist.world_size)
+    calls = [0]
+
+    def collate_fn(indices: list[int]) -> Batch:
+        calls[0] += 1
+        if collate_hook is not None:
+            collate_hook(calls[0])
+        return toy_collate([pairs[i] for i in indices], indices)
+
+    return Trainer(
+        model, build_optimizer(model, cfg), cfg, dataset=pairs, sampler=sampler, collate_fn=collate_fn, pad_id=PAD,
+        device=dist.device, dist=dist, tracker=Tracker(run_dir / "tb", enabled=False),
+        checkpoints=CheckpointManager(run_dir / "checkpoints", cfg.keep_last),
+        validate=validate or teacher_forced_validate(pairs[:16]), extra_state={"note": "toy", "vocab": VOCAB},
+    )
+
+
+def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}

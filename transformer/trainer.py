@@ -1,0 +1,428 @@
+"""The training loop: accumulation, autocast, clipping, per-step learning rate, validation, early stopping,
+checkpoints and exact resume.
+
+The trainer receives built collaborators (model, optimizer, dataset, sampler, collate function, validation
+callback, checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. Each index
+list the sampler yields becomes a batch through ``collate_fn(indices)``.
+
+Loss normalisation: the gradient of one optimizer step is the mean over *all* target tokens of the step,
+i.e. over every micro-batch (``accumulate``) on every rank. The token count is summed before the backward
+passes, so a 2-rank run equals a 1-rank run with ``accumulate=2`` over the same batches.
+
+Exact resume: checkpoints are written only between optimizer steps and hold the model, optimizer, step,
+epoch, sampler position (mid-epoch included), per-rank RNG states and early-stopping counters. Resuming
+from one and training on reproduces the parameters of an uninterrupted run (CPU; GPU kernels may be
+non-deterministic unless ``training.deterministic``).
+
+Ctrl-C: the first SIGINT lets the current step finish, writes ``last.pt`` and raises KeyboardInterrupt;
+a second one aborts at once without saving.
+
+DDP: validation runs on rank 0 only while the other ranks wait for its metrics (``broadcast_object``), so
+every rank takes the same early-stopping decision; only rank 0 logs and writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from transformer import distributed
+from transformer.checkpoint import TRAINER_KEYS, CheckpointManager, check_plain
+from transformer.config import TrainingConfig
+from transformer.distributed import DistContext
+from transformer.loss import label_smoothed_sums
+from transformer.optim import learning_rate, set_learning_rate
+from transformer.runtime import autocast, capture_rng_state, restore_rng_state, seed_everything
+from transformer.tracking import ProgressBar, Tracker
+
+log = logging.getLogger(__name__)
+
+ValidateFn = Callable[[nn.Module, int], dict[str, float]]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm became NaN/inf; the last good checkpoint was left untouched."""
+
+
+class BatchLike(Protocol):
+    src: torch.Tensor  # (batch, src_len)
+    tgt_in: torch.Tensor  # (batch, tgt_len)
+    tgt_out: torch.Tensor  # (batch, tgt_len)
+    n_tgt_tokens: int
+
+    def to(self, device: torch.device) -> BatchLike: ...
+
+
+class SamplerLike(Protocol):
+    def set_epoch(self, epoch: int) -> None: ...
+    def __iter__(self) -> Iterator[list[int]]: ...
+    def __len__(self) -> int: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    """How a ``fit`` call ended."""
+
+    steps: int  # optimizer steps completed in total (resumed runs included)
+    epochs: int  # epochs completed
+    best_bleu: float | None
+    best_step: int | None
+    stopped_early: bool
+    reason: str  # max_epochs | max_steps | max_minutes | early_stopping
+    wall_seconds: float  # this fit call only
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Window:
+    """Training statistics summed since the last log line."""
+
+    loss_sum: float = 0.0
+    nll_sum: float = 0.0
+    tokens: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Trainer:
+    """Runs optimisation for a built model; see the module docstring for the guarantees."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        cfg: TrainingConfig,
+        *,
+        dataset: Sequence[tuple[list[int], list[int]]],
+        sampler: SamplerLike,
+        collate_fn: Callable[[list[int]], BatchLike],
+        pad_id: int,
+        device: torch.device,
+        dist: DistContext,
+        tracker: Tracker,
+        checkpoints: CheckpointManager,
+        validate: ValidateFn,
+        extra_state: dict[str, Any],
+    ) -> None:
+        clashes = sorted(TRAINER_KEYS & set(extra_state))
+        if clashes:
+            raise ValueError(f"extra_state keys {clashes} clash with the trainer's checkpoint keys")
+        check_plain(extra_state, "extra_state")
+        if len(sampler) == 0:
+            raise ValueError("the sampler yields no batches: is the training set empty?")
+        self.model = model.to(device)
+        self.optimizer = optimizer
+        self.cfg = cfg
+        self.dataset = dataset
+        self.sampler = sampler
+        self.collate_fn = collate_fn
+        self.pad_id = pad_id
+        self.device = device
+        self.dist = dist
+        self.tracker = tracker
+        self.checkpoints = checkpoints
+        self.validate = validate
+        self.extra_state = extra_state
+        self._ddp = self._wrap_ddp(model) if dist.world_size > 1 else None
+        forward_module = self._ddp if self._ddp is not None else self.model
+        self._forward = torch.compile(forward_module) if cfg.compile else forward_module
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self.step = 0  # optimizer steps completed
+        self.epoch = 0  # epoch in progress (0-based)
+        self.best_bleu: float | None = None
+        self.best_step: int | None = None
+        self.bad_validations = 0
+        self.last_valid_step: int | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._sampler_positioned = False  # load_state placed the sampler mid-epoch
+        self._pending_rng: dict | None = None
+        self._interrupt_requested = False
+        self._in_step = False
+        self._started = time.monotonic()
+
+    def _wrap_ddp(self, model: nn.Module) -> DistributedDataParallel:
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    # ---------------------------------------------------------------------------------------------
+    # State
+    # ---------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint dict (collective under DDP: every rank must call it; it gathers RNG states)."""
+        rng = distributed.all_gather_object(capture_rng_state())
+        return {
+            **self.extra_state,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "sampler": self.sampler.state_dict(),
+            "rng": rng,
+            "best_bleu": self.best_bleu,
+            "best_step": self.best_step,
+            "bad_validations": self.bad_validations,
+            "last_valid_step": self.last_valid_step,
+        }
+
+    def load_state(self, checkpoint: dict[str, Any]) -> None:
+        """Continue from a checkpoint dict (every rank loads the same one). RNGs are restored when ``fit`` starts."""
+        missing = sorted(TRAINER_KEYS - {"version", "reason"} - set(checkpoint))
+        if missing:
+            raise KeyError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.step = int(checkpoint["step"])
+        self.epoch = int(checkpoint["epoch"])
+        self.sampler.load_state_dict(checkpoint["sampler"])
+        self._sampler_positioned = True
+        self.best_bleu = checkpoint["best_bleu"]
+        self.best_step = checkpoint["best_step"]
+        self.bad_validations = int(checkpoint["bad_validations"])
+        self.last_valid_step = checkpoint["last_valid_step"]
+        rng = checkpoint["rng"]
+        if len(rng) == self.dist.world_size:
+            self._pending_rng = rng[self.dist.rank]
+        else:
+            log.warning("checkpoint has RNG states for %d rank(s), this run has %d: resuming with fresh seeds, "
+                        "so the continuation is not bit-identical", len(rng), self.dist.world_size)
+            self._pending_rng = {"reseed": self.cfg.seed + 1000 * self.step + self.dist.rank}
+
+    def save_now(self, reason: str, *, is_best: bool = False) -> None:
+        """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
+
+        ``reason == "interrupt"`` writes only ``last.pt``; other reasons also add a rotated ``step_{N}.pt``.
+        """
+        state = self.state_dict()
+        if self.dist.is_main:
+            path = self.checkpoints.save({**state, "reason": reason}, self.step, is_best=is_best,
+                                         periodic=reason != "interrupt")
+            log.info("step %d: saved %s (%s%s)", self.step, path, reason, ", best" if is_best else "")
+        distributed.barrier()  # nobody exits (and makes torchrun kill rank 0) before the file is complete
+
+    # ---------------------------------------------------------------------------------------------
+    # Loop
+    # ---------------------------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        """Train until max_epochs / max_steps / max_minutes or early stopping; validate and save at the end."""
+        self._started = time.monotonic()
+        if self._pending_rng is None:
+            if self.step == 0:
+                seed_everything(self.cfg.seed + self.dist.rank)  # ranks draw different dropout masks
+        elif "reseed" in self._pending_rng:
+            seed_everything(self._pending_rng["reseed"])
+        else:
+            restore_rng_state(self._pending_rng)
+        self._pending_rng = None
+        self.model.train()
+        if self.dist.is_main:
+            log.info("training on %d pairs, %d batches per epoch and rank, from step %d (epoch %d)",
+                     len(self.dataset), len(self.sampler), self.step, self.epoch + 1)
+        with self._sigint_deferred():
+            try:
+                reason = self._run()
+            except KeyboardInterrupt:
+                if not self._in_step and self.dist.world_size == 1 and not self._interrupt_requested:
+                    self.save_now("interrupt")  # an interrupt that bypassed the handler, between steps
+                raise
+            if self.last_valid_step != self.step:
+                self._validate_and_save(final=True)
+        self.tracker.flush()
+        return TrainResult(
+            steps=self.step, epochs=self.epoch, best_bleu=self.best_bleu, best_step=self.best_step,
+            stopped_early=reason == "early_stopping", reason=reason,
+            wall_seconds=time.monotonic() - self._started, last_metrics=dict(self.last_metrics),
+        )
+
+    def _run(self) -> str:
+        """Epochs and steps; returns why training stopped."""
+        cfg = self.cfg
+        while self.epoch < cfg.max_epochs:
+            if not self._sampler_positioned:
+                self.sampler.set_epoch(self.epoch)
+            self._sampler_positioned = False
+            reason = self._run_epoch()
+            if reason is not None:
+                return reason
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)  # checkpoints written now resume at the next epoch's start
+            self._sampler_positioned = True
+            if cfg.validate_every_steps is None and self._validate_and_save():
+                return "early_stopping"
+        return "max_epochs"
+
+    def _run_epoch(self) -> str | None:
+        """The steps of one epoch (from the sampler's position); a stop reason, or None at the epoch's end."""
+        cfg = self.cfg
+        if cfg.max_steps is not None and self.step >= cfg.max_steps:
+            return "max_steps"
+        per_epoch = math.ceil(len(self.sampler) / cfg.accumulate)
+        batches = iter(self.sampler)
+        bar = ProgressBar(per_epoch, enabled=cfg.progress_bar and self.dist.is_main, desc=f"epoch {self.epoch + 1}")
+        window = _Window()
+        try:
+            while group := list(itertools.islice(batches, cfg.accumulate)):
+                stats = self._train_step(group)
+                self.step += 1
+                self._account(stats, window, bar)
+                if stats["interrupt"]:
+                    self.save_now("interrupt")
+                    raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {self.checkpoints.last_path}")
+                if cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0:
+                    if self._validate_and_save():
+                        return "early_stopping"
+                    window.started = time.perf_counter()
+                if cfg.max_steps is not None and self.step >= cfg.max_steps:
+                    return "max_steps"
+                if stats["out_of_time"]:
+                    return "max_minutes"
+        finally:
+            bar.close()
+        return None
+
+    def _train_step(self, group: list[list[int]]) -> dict[str, float]:
+        """One optimizer step over the micro-batches ``group``; returns summed statistics (all ranks)."""
+        self._in_step = True
+        batches = [self.collate_fn(indices) for indices in group]
+        tokens = distributed.all_reduce_sum(float(sum(b.n_tgt_tokens for b in batches)))
+        if tokens <= 0:
+            raise ValueError(f"step {self.step + 1}: the batches hold no target tokens")
+        scale = self.dist.world_size / tokens  # DDP averages gradients over ranks; undo that, then per token
+        lr = learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
+                           warmup_steps=self.cfg.warmup_steps, max_steps=self.cfg.max_steps, min_lr=self.cfg.min_lr)
+        set_learning_rate(self.optimizer, lr)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(2, device=self.device)  # (loss_sum, nll_sum)
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if self._ddp is None or last else self._ddp.no_sync()
+            with sync:
+                with autocast(self.device, self.cfg.precision):
+                    logits = self._forward(batch.src, batch.tgt_in)  # (batch, tgt_len, vocab)
+                loss_sum, nll_sum = label_smoothed_sums(
+                    logits, batch.tgt_out, smoothing=self.cfg.label_smoothing, pad_id=self.pad_id)
+                (loss_sum * scale).backward()
+            sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
+        grad_norm = self._clip_gradients()
+        flags = [float(self._interrupt_requested), float(self._out_of_time())]
+        packed = torch.cat([sums, grad_norm.float().reshape(1).to(self.device),
+                            torch.tensor(flags, device=self.device)])
+        loss_total, nll_total, norm, interrupt, late = distributed.all_reduce_sum(packed).tolist()
+        norm /= self.dist.world_size  # identical on every rank after DDP's all-reduce
+        if not (math.isfinite(loss_total) and math.isfinite(norm)):
+            raise TrainingDiverged(
+                f"step {self.step + 1}: loss per token {loss_total / tokens}, gradient norm {norm}; stopping. "
+                f"The last good checkpoint ({self.checkpoints.last_path}) was not overwritten; lower training.lr, "
+                "raise training.warmup_steps or set training.clip_grad_norm."
+            )
+        self.optimizer.step()
+        self._in_step = False
+        return {"loss_sum": loss_total, "nll_sum": nll_total, "tokens": tokens, "grad_norm": norm, "lr": lr,
+                "interrupt": interrupt > 0, "out_of_time": late > 0}
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip to ``cfg.clip_grad_norm`` (if set); the total norm before clipping either way."""
+        if self.cfg.clip_grad_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(self._params, self.cfg.clip_grad_norm)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+
+    def _out_of_time(self) -> bool:
+        limit = self.cfg.max_minutes
+        return limit is not None and time.monotonic() - self._started >= limit * 60.0
+
+    def _account(self, stats: dict[str, float], window: _Window, bar: ProgressBar) -> None:
+        """Add a step to the logging window; log and reset it every ``log_every_steps``."""
+        window.loss_sum += stats["loss_sum"]
+        window.nll_sum += stats["nll_sum"]
+        window.tokens += stats["tokens"]
+        bar.update(1, loss=stats["loss_sum"] / stats["tokens"])
+        if self.step % self.cfg.log_every_steps != 0 or not self.dist.is_main:
+            return
+        elapsed = max(time.perf_counter() - window.started, 1e-9)
+        values = {
+            "loss": window.loss_sum / window.tokens,
+            "nll": window.nll_sum / window.tokens,
+            "lr": stats["lr"],
+            "grad_norm": stats["grad_norm"],
+            "tokens_per_s": window.tokens / elapsed,
+        }
+        values["ppl"] = math.exp(min(values["nll"], 50.0))
+        self.tracker.scalars(values, self.step, prefix="train")
+        bar.update(0, loss=values["loss"], tokens_per_s=values["tokens_per_s"])
+        log.info("epoch %d step %d: loss %.4f ppl %.2f lr %.3g grad_norm %.3f %.0f tok/s", self.epoch + 1,
+                 self.step, values["loss"], values["ppl"], values["lr"], values["grad_norm"], values["tokens_per_s"])
+        window.loss_sum = window.nll_sum = window.tokens = 0.0
+        window.started = time.perf_counter()
+
+    # ---------------------------------------------------------------------------------------------
+    # Validation, early stopping, interrupts
+    # ---------------------------------------------------------------------------------------------
+
+    def _validate_and_save(self, final: bool = False) -> bool:
+        """Validate (rank 0), update best/patience, save; True when patience is exhausted."""
+        metrics: dict[str, float] | None = None
+        if self.dist.is_main:
+            self.model.eval()
+            with torch.no_grad():
+                metrics = {k: float(v) for k, v in self.validate(self.model, self.step).items()}
+            self.model.train()
+        metrics = distributed.broadcast_object(metrics)
+        if "bleu" not in metrics:
+            raise KeyError(f"validate() must return a 'bleu' entry; it returned keys {sorted(metrics)}")
+        if "loss" in metrics and "ppl" not in metrics:
+            metrics["ppl"] = math.exp(min(metrics["loss"], 50.0))
+        bleu = metrics["bleu"]
+        is_best = self.best_bleu is None or bleu > self.best_bleu
+        if is_best:
+            self.best_bleu, self.best_step, self.bad_validations = bleu, self.step, 0
+        else:
+            self.bad_validations += 1
+        self.last_valid_step = self.step
+        self.last_metrics = metrics
+        self.tracker.scalars(metrics, self.step, prefix="valid")
+        if self.dist.is_main:
+            shown = " ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
+            log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown, self.best_bleu,
+                     self.best_step)
+        self.save_now("final" if final else "validation", is_best=is_best)
+        return self.cfg.patience is not None and self.bad_validations >= self.cfg.patience
+
+    def request_interrupt(self) -> None:
+        """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""
+        self._interrupt_requested = True
+
+    @contextlib.contextmanager
+    def _sigint_deferred(self) -> Iterator[None]:
+        """Route the first Ctrl-C to :meth:`request_interrupt`; a second one interrupts immediately."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handler(signum: int, frame: object) -> None:
+            self.request_interrupt()
+            signal.signal(signal.SIGINT, previous)
+            if self.dist.is_main:
+                log.warning("interrupt: finishing this step and saving last.pt (Ctrl-C again aborts without saving)")
+
+        signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)

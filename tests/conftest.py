@@ -42,15 +42,14 @@ def compose_config():
 
 
 def write_toy_corpus(folder: Path, n_train: int = 400, seed: int = 0) -> Path:
-    """A reversal task in {split}.{src,tgt}: the target is the source words in reverse order."""
+    """A copy task in {split}.{src,tgt} (the ``toy_copy`` data config): the target is the source."""
     rng = random.Random(seed)
     words = ["a", "b", "c", "d", "e", "f", "g", "h"]
     folder.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", n_train), ("val", 40), ("test", 40)):
         src = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(n)]
         (folder / f"{split}.src").write_text("".join(s + "\n" for s in src), encoding="utf-8")
-        (folder / f"{split}.tgt").write_text("".join(" ".join(reversed(s.split())) + "\n" for s in src),
-                                             encoding="utf-8")
+        (folder / f"{split}.tgt").write_text("".join(s + "\n" for s in src), encoding="utf-8")
     return folder
 
 

@@ -330,3 +330,48 @@ def test_translate_keeps_line_alignment_and_handles_odd_input() -> None:
     greedy_cfg = EvalConfig(beam_size=1, n_best=1, batch_size=3, max_len_a=1.0, max_len_b=2)
     greedy = translate(model, texts, src_tok, tgt_tok, greedy_cfg, "cpu", max_src_len=20)
     assert [len(nbest) for nbest in greedy] == [1] * len(texts) and greedy[1] == [""]
+
+
+# --------------------------------------------------------------------------------------------------
+# A trained tiny model: the searches reproduce a learned reversal task
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_trained_model_decodes_reversal_task() -> None:
+    from transformer.batching import collate
+
+    gen = torch.Generator().manual_seed(0)
+
+    def pairs(n: int) -> list[tuple[list[int], list[int]]]:
+        out = []
+        for _ in range(n):
+            seq = torch.randint(4, 12, (int(torch.randint(2, 7, (1,), generator=gen)),), generator=gen).tolist()
+            out.append((seq, seq[::-1]))
+        return out
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                      max_positions=32)
+    model = build_model(cfg, 12, 12, PAD_ID)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(400):
+        batch = collate(pairs(64), list(range(64)), **SPECIAL)
+        logits = model(batch.src, batch.tgt_in)  # (batch, tgt_len, vocab)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    test = pairs(50)
+    src = torch.full((len(test), 6), PAD_ID)
+    for row, (seq, _) in enumerate(test):
+        src[row, : len(seq)] = torch.tensor(seq)
+    kwargs = dict(max_len_a=1.0, max_len_b=3, **SPECIAL)
+    greedy = greedy_search(model, src, **kwargs)
+    beams = beam_search(model, src, beam_size=4, n_best=2, length_penalty=0.6, length_norm=LengthNorm.gnmt, **kwargs)
+    expected = [tgt for _, tgt in test]
+    assert sum(g == e for g, e in zip(greedy, expected)) >= 45
+    assert sum(b[0].tokens == e for b, e in zip(beams, expected)) >= 45
+    # the runner-up is a different, less probable hypothesis
+    assert all(b[1].tokens != b[0].tokens and b[1].score <= b[0].score for b in beams)

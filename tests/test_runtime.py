@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from transformer.runtime import (
     autocast_dtype,
     capture_rng_state,
     choose_device,
+    defer_sigint,
     restore_rng_state,
     seed_everything,
 )
@@ -62,3 +65,13 @@ def test_autocast_choice_on_cpu():
         assert (a @ b).dtype == torch.bfloat16
     with autocast(cpu, Precision.auto):
         assert (a @ b).dtype == torch.float32
+
+
+def test_defer_sigint_calls_back_once_then_interrupts():
+    calls = []
+    with defer_sigint(lambda: calls.append("first")):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert calls == ["first"]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import hydra
@@ -17,7 +18,8 @@ from transformer.config import register_configs
 
 log = logging.getLogger(__name__)
 
-CONFIG_PATH = "../configs"
+# An absolute path: Hydra would otherwise look for a Python package named ``configs``.
+CONFIG_PATH = str(Path(__file__).resolve().parents[1] / "configs")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -252,6 +252,8 @@ class TrainingConfig:
         _check(self.log_every_steps > 0, "training.log_every_steps", f"must be > 0, got {self.log_every_steps}")
         _check(self.keep_last >= 1, "training.keep_last", f"must be >= 1, got {self.keep_last}")
         _check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
+        _check(self.average_last <= self.keep_last, "training.average_last",
+               f"averages kept checkpoints only: raise training.keep_last to >= {self.average_last}")
         _check(self.schedule is not Schedule.cosine or self.max_steps is not None, "training.max_steps",
                "the cosine schedule needs training.max_steps")
 

@@ -27,6 +27,10 @@ class DistContext:
     device: torch.device
     is_main: bool  # rank 0: the only process that logs, validates and writes files
 
+    def barrier(self) -> None:
+        """Wait for every rank (no-op in a single process)."""
+        barrier()
+
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)

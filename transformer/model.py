@@ -143,6 +143,11 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
 
     @property
+    def max_positions(self) -> int:
+        """The longest sequence the position table covers (inputs and hypotheses must fit)."""
+        return self.cfg.max_positions
+
+    @property
     def src_token_embedding(self) -> nn.Embedding:
         """The source nn.Embedding (for GloVe initialisation)."""
         return self.encoder.embed.token.embedding

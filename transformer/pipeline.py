@@ -284,7 +284,7 @@ def _final_evaluation(cfg: TrainConfig, run_dir: Path, model: Transformer, src_t
     tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=int(best["step"]))
     log.info("test (%s, %s weights): %s", cfg.data.test_split, source, _format_scores(scores))
     return {
-        "valid_bleu": float(best.get("best_metric", float("nan"))),
+        "valid_bleu": float(best["best_bleu"]),
         "test_bleu": scores.bleu, "test_chrf": scores.chrf,
         "test": asdict(scores), "final_weights": source,
     }

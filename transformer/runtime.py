@@ -10,7 +10,9 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -118,3 +120,26 @@ def set_deterministic(flag: bool) -> None:
     torch.use_deterministic_algorithms(flag, warn_only=False)
     torch.backends.cudnn.deterministic = flag
     torch.backends.cudnn.benchmark = False
+
+
+@contextlib.contextmanager
+def defer_sigint(on_interrupt: Callable[[], None]) -> Iterator[None]:
+    """Turn the first Ctrl-C (SIGINT) into a call of ``on_interrupt``; a second one raises KeyboardInterrupt.
+
+    Lets a training loop finish its step and save before stopping. Outside the main thread (where signal
+    handlers cannot be installed) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, previous)
+        on_interrupt()
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -2,7 +2,7 @@
 
 Scalar names, one scheme for the whole project (``split/metric``):
 
-    train/loss  train/nll  train/ppl  train/lr  train/grad_norm  train/tokens_per_s
+    train/loss  train/nll  train/ppl  train/lr  train/grad_norm  train/tokens_per_s (target tokens, all ranks)
     valid/loss  valid/ppl  valid/bleu  valid/chrf  (and any other key ``validate`` returns)
     test/bleu   test/chrf  ...
 

@@ -27,8 +27,6 @@ import contextlib
 import itertools
 import logging
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +42,7 @@ from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
 from transformer.loss import label_smoothed_sums
 from transformer.optim import learning_rate, set_learning_rate
-from transformer.runtime import autocast, capture_rng_state, restore_rng_state, seed_everything
+from transformer.runtime import autocast, capture_rng_state, defer_sigint, restore_rng_state, seed_everything
 from transformer.tracking import ProgressBar, Tracker
 
 log = logging.getLogger(__name__)
@@ -147,8 +145,9 @@ class Trainer:
         self.bad_validations = 0
         self.last_valid_step: int | None = None
         self.last_metrics: dict[str, float] = {}
-        self._sampler_positioned = False  # load_state placed the sampler mid-epoch
-        self._pending_rng: dict | None = None
+        self._sampler_positioned = False  # the sampler already points into self.epoch (load_state, epoch end)
+        self._pending_rng: dict | None = None  # this rank's RNG state from load_state, applied by fit
+        self._start_seed: int | None = cfg.seed + dist.rank  # fresh runs: ranks draw different dropout masks
         self._interrupt_requested = False
         self._in_step = False
         self._started = time.monotonic()
@@ -195,11 +194,11 @@ class Trainer:
         self.last_valid_step = checkpoint["last_valid_step"]
         rng = checkpoint["rng"]
         if len(rng) == self.dist.world_size:
-            self._pending_rng = rng[self.dist.rank]
+            self._pending_rng, self._start_seed = rng[self.dist.rank], None
         else:
             log.warning("checkpoint has RNG states for %d rank(s), this run has %d: resuming with fresh seeds, "
                         "so the continuation is not bit-identical", len(rng), self.dist.world_size)
-            self._pending_rng = {"reseed": self.cfg.seed + 1000 * self.step + self.dist.rank}
+            self._pending_rng, self._start_seed = None, self.cfg.seed + 1000 * self.step + self.dist.rank
 
     def save_now(self, reason: str, *, is_best: bool = False) -> None:
         """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
@@ -220,19 +219,16 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train until max_epochs / max_steps / max_minutes or early stopping; validate and save at the end."""
         self._started = time.monotonic()
-        if self._pending_rng is None:
-            if self.step == 0:
-                seed_everything(self.cfg.seed + self.dist.rank)  # ranks draw different dropout masks
-        elif "reseed" in self._pending_rng:
-            seed_everything(self._pending_rng["reseed"])
-        else:
+        if self._pending_rng is not None:
             restore_rng_state(self._pending_rng)
-        self._pending_rng = None
+        elif self._start_seed is not None:
+            seed_everything(self._start_seed)
+        self._pending_rng = self._start_seed = None
         self.model.train()
         if self.dist.is_main:
             log.info("training on %d pairs, %d batches per epoch and rank, from step %d (epoch %d)",
                      len(self.dataset), len(self.sampler), self.step, self.epoch + 1)
-        with self._sigint_deferred():
+        with defer_sigint(self._on_sigint):
             try:
                 reason = self._run()
             except KeyboardInterrupt:
@@ -407,22 +403,7 @@ class Trainer:
         """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""
         self._interrupt_requested = True
 
-    @contextlib.contextmanager
-    def _sigint_deferred(self) -> Iterator[None]:
-        """Route the first Ctrl-C to :meth:`request_interrupt`; a second one interrupts immediately."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = signal.getsignal(signal.SIGINT)
-
-        def handler(signum: int, frame: object) -> None:
-            self.request_interrupt()
-            signal.signal(signal.SIGINT, previous)
-            if self.dist.is_main:
-                log.warning("interrupt: finishing this step and saving last.pt (Ctrl-C again aborts without saving)")
-
-        signal.signal(signal.SIGINT, handler)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
+    def _on_sigint(self) -> None:
+        self.request_interrupt()
+        if self.dist.is_main:
+            log.warning("interrupt: finishing this step and saving last.pt (Ctrl-C again aborts without saving)")

@@ -172,7 +172,7 @@ class ModelConfig:
     positions: PositionKind = PositionKind.sinusoidal
     max_positions: int = 1024
     tie_output: bool = True  # decoder output projection shares the target embedding matrix
-    share_embeddings: bool = False  # one embedding for source and target (needs a joint vocabulary)
+    share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary)
     glove: GloveConfig = field(default_factory=GloveConfig)
 
     def __post_init__(self) -> None:
@@ -225,8 +225,8 @@ class TrainingConfig:
     validate_every_steps: Optional[int] = None  # None: validate once per epoch
     valid_max_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
     log_every_steps: int = 50
-    keep_last: int = 2  # periodic checkpoints to keep besides best.pt
-    average_last: int = 0  # average the last N checkpoints for the final model (0: off)
+    keep_last: int = 5  # periodic checkpoints to keep besides best.pt
+    average_last: int = 5  # the final model averages the last N checkpoints (0 or 1: use best.pt)
     n_samples: int = 3  # sample translations logged at each validation
     progress_bar: bool = True
 

@@ -349,18 +349,18 @@ def _find_split_file(directory: Path, split: str, lang: str, cfg: DataConfig) ->
     how = (
         "run `transformer-prepare-data` or set data.source_dir"
         if cfg.corpus is CorpusKind.multi30k
-        else f"a custom corpus needs files named {{split}}.{{lang}}[.gz] in data.dir={cfg.dir}"
+        else f"a custom corpus needs files named {{split}}.{{lang}}[.gz] in data.dir={cfg.corpus_dir}"
     )
     raise DataError(f"{plain}[.gz]: file not found (data.corpus={cfg.corpus.value}, split {split!r}); {how}")
 
 
 def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
     """Source and target file of ``split``; Multi30k files are fetched and verified first."""
-    directory = Path(cfg.dir)
+    directory = cfg.corpus_dir
     if cfg.corpus is CorpusKind.multi30k:
         prepare_multi30k(directory, langs=(cfg.src, cfg.tgt), splits=(split,), source_dir=cfg.source_dir)
     elif not directory.is_dir():
-        raise DataError(f"data.dir={cfg.dir}: directory not found (data.corpus=custom)")
+        raise DataError(f"data.dir={cfg.corpus_dir}: directory not found (data.corpus=custom)")
     return _find_split_file(directory, split, cfg.src, cfg), _find_split_file(directory, split, cfg.tgt, cfg)
 
 

@@ -135,6 +135,16 @@ def _tokenizers(cfg: TrainConfig, src: list[str], tgt: list[str], run_dir: Path,
     return toks
 
 
+def build_training_data(cfg: TrainConfig, run_dir: Path, dist: DistContext,
+                        saved_tokenizers: dict[str, Any] | None = None
+                        ) -> tuple[Tokenizer, Tokenizer, TranslationDataset]:
+    """Read the training split (its first ``data.max_pairs``), build or restore the tokenizers, encode
+    and clean the pairs."""
+    src_text, tgt_text = load_split(cfg.data, cfg.data.train_split)
+    src_tok, tgt_tok = _tokenizers(cfg, src_text, tgt_text, run_dir, dist, saved_tokenizers)
+    return src_tok, tgt_tok, _training_set(cfg, src_tok, tgt_tok, src_text, tgt_text)
+
+
 # --------------------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------------------
@@ -210,10 +220,8 @@ def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
     resumed, run_dir = _resume_state(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    src_text, tgt_text = load_split(cfg.data, cfg.data.train_split)  # the first data.max_pairs, if set
-    src_tok, tgt_tok = _tokenizers(cfg, src_text, tgt_text, run_dir,
-                                   dist, resumed["tokenizers"] if resumed else None)
-    train_set = _training_set(cfg, src_tok, tgt_tok, src_text, tgt_text)
+    src_tok, tgt_tok, train_set = build_training_data(cfg, run_dir, dist,
+                                                      resumed["tokenizers"] if resumed else None)
     valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
 
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
@@ -225,18 +233,8 @@ def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
     log.info("model: %.2fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
 
     tracker = Tracker(run_dir / "tensorboard", enabled=dist.is_main)
-    sampler = TokenBucketSampler(train_set.src_lengths, train_set.tgt_lengths, cfg.training.max_tokens,
-                                 seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size)
-    specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)
-    trainer = Trainer(
-        model, build_optimizer(model, cfg.training), cfg.training,
-        dataset=train_set, sampler=sampler,
-        collate_fn=lambda indices: collate([train_set[i] for i in indices], indices, **specials),
-        pad_id=tgt_tok.pad_id, device=dist.device, dist=dist, tracker=tracker,
-        checkpoints=ckpt.CheckpointManager(run_dir / "checkpoints", cfg.training.keep_last),
-        validate=make_validator(valid_src, valid_ref, src_tok, tgt_tok, cfg, dist.device, tracker),
-        extra_state=_extra_state(cfg, src_tok, tgt_tok),
-    )
+    validate = make_validator(valid_src, valid_ref, src_tok, tgt_tok, cfg, dist.device, tracker)
+    trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run_dir, validate)
     if resumed is not None:
         trainer.load_state(resumed)
     result = trainer.fit()
@@ -247,6 +245,23 @@ def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
         tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
     tracker.close()
     return metrics
+
+
+def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                  train_set: TranslationDataset, dist: DistContext, tracker: Tracker, run_dir: Path,
+                  validate: Callable[[torch.nn.Module, int], dict[str, float]]) -> Trainer:
+    """The trainer with its sampler (this rank's shard), collate function, optimizer and checkpoints."""
+    sampler = TokenBucketSampler(train_set.src_lengths, train_set.tgt_lengths, cfg.training.max_tokens,
+                                 seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size)
+    specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)
+    return Trainer(
+        model, build_optimizer(model, cfg.training), cfg.training,
+        dataset=train_set, sampler=sampler,
+        collate_fn=lambda indices: collate([train_set[i] for i in indices], indices, **specials),
+        pad_id=tgt_tok.pad_id, device=dist.device, dist=dist, tracker=tracker,
+        checkpoints=ckpt.CheckpointManager(run_dir / "checkpoints", cfg.training.keep_last),
+        validate=validate, extra_state=_extra_state(cfg, src_tok, tgt_tok),
+    )
 
 
 def _extra_state(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer) -> dict[str, Any]:

@@ -272,7 +272,7 @@ class Trainer:
         window = _Window()
         try:
             while group := list(itertools.islice(batches, cfg.accumulate)):
-                stats = self._train_step(group)
+                stats = self.train_step(group)
                 self.step += 1
                 self._account(stats, window, bar)
                 if stats["interrupt"]:
@@ -290,8 +290,9 @@ class Trainer:
             bar.close()
         return None
 
-    def _train_step(self, group: list[list[int]]) -> dict[str, float]:
-        """One optimizer step over the micro-batches ``group``; returns summed statistics (all ranks)."""
+    def train_step(self, group: list[list[int]]) -> dict[str, float]:
+        """One optimizer step over the micro-batches ``group`` (index lists, collated here, so the data pipeline
+        is part of a step); returns summed statistics (all ranks). ``fit`` calls it; so does the benchmark."""
         self._in_step = True
         batches = [self.collate_fn(indices) for indices in group]
         tokens = distributed.all_reduce_sum(float(sum(b.n_tgt_tokens for b in batches)))

@@ -1,0 +1,200 @@
+"""``transformer-benchmark``: how fast training and decoding run here, and how close to the machine's limit.
+
+Measured in one process, written as ``benchmark.json`` and ``benchmark.md`` in the run directory:
+
+- training throughput on the configured corpus and model: real source+target and target tokens/s over
+  ``train_steps`` optimizer steps after ``untimed_steps`` warm-up steps, through ``Trainer.train_step``
+  (collation, forward, backward, clipping and the optimizer step included);
+- the machine's sustained matmul FLOP/s (fp32 on CPU, bf16 on CUDA) at the same thread count, the model's
+  training FLOPs per target token, and so the model FLOP utilisation (useful FLOPs on real tokens only);
+- decoding of the test split: sentences/s and tokens/s for greedy and beam search, with and without the
+  KV cache (``checkpoint=`` decodes with a trained model; otherwise a random one, whose hypotheses run to
+  the maximum length);
+- peak memory (RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer import pipeline
+from transformer.config import BenchmarkConfig, ModelConfig, TrainConfig, to_plain_dict
+from transformer.data import load_split
+from transformer.decoding import translate
+from transformer.distributed import DistContext
+from transformer.model import build_model
+from transformer.runtime import choose_device, configure_threads, seed_everything
+from transformer.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def training_flops(cfg: ModelConfig, src_len: int, tgt_len: int, tgt_vocab: int) -> float:
+    """Useful training FLOPs (forward + backward = 3 x forward) of one sentence pair.
+
+    Counts every matrix multiply on real positions: projections, attention scores and mixing (causal:
+    half the square), the feed-forward blocks and the output projection. ``tgt_len`` counts BOS..last.
+    """
+    d, a, f = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.d_ff
+    encoder = cfg.n_encoder_layers * src_len * (2 * (4 * d * a + 2 * d * f) + 4 * src_len * a)
+    decoder_self = tgt_len * (2 * 4 * d * a + 2 * tgt_len * a)  # 4*T*a halved by the causal mask
+    decoder_cross = tgt_len * (2 * 2 * d * a + 4 * src_len * a) + src_len * 2 * 2 * d * a  # K, V per source token
+    decoder = cfg.n_decoder_layers * (decoder_self + decoder_cross + tgt_len * 2 * 2 * d * f)
+    output = tgt_len * 2 * d * tgt_vocab
+    return 3.0 * (encoder + decoder + output)
+
+
+def matmul_peak(device: torch.device, size: int, repeats: int = 10) -> float:
+    """Sustained FLOP/s of square matmuls (fp32 on CPU, bf16 on CUDA), best of three timed rounds."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(4):  # the first round warms up
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 * repeats / best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+@dataclass
+class TrainingSpeed:
+    steps: int
+    seconds: float
+    src_tgt_tokens_per_s: float
+    tgt_tokens_per_s: float
+    padded_positions_per_s: float
+    flops_per_tgt_token: float
+    achieved_flops: float
+
+
+def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> TrainingSpeed:
+    """Time ``train_steps`` real optimizer steps (after ``untimed_steps``) on the configured data and model."""
+    train_cfg = TrainConfig(data=cfg.data, model=cfg.model, training=cfg.training, eval=cfg.eval,
+                            output_dir=str(work_dir), device=str(device))
+    dist = DistContext(rank=0, world_size=1, local_rank=0, device=device, is_main=True)
+    src_tok, tgt_tok, train_set = pipeline.build_training_data(train_cfg, work_dir, dist)
+    seed_everything(cfg.training.seed)
+    model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device)
+    trainer = pipeline.build_trainer(train_cfg, model, src_tok, tgt_tok, train_set, dist,
+                                     Tracker(work_dir, enabled=False), work_dir, lambda m, s: {"bleu": 0.0})
+    trainer.sampler.set_epoch(0)
+    batches = iter(trainer.sampler)
+    group_size = cfg.training.accumulate
+    for _ in range(cfg.untimed_steps):
+        trainer.train_step([next(batches) for _ in range(group_size)])
+    src_tokens = tgt_tokens = padded = 0
+    flops = 0.0
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(cfg.train_steps):
+        group = [next(batches) for _ in range(group_size)]
+        trainer.train_step(group)
+        for indices in group:
+            src_lens = [train_set.src_lengths[i] for i in indices]
+            tgt_lens = [train_set.tgt_lengths[i] + 1 for i in indices]  # + EOS (output) / BOS (input)
+            src_tokens, tgt_tokens = src_tokens + sum(src_lens), tgt_tokens + sum(tgt_lens)
+            padded += len(indices) * (max(src_lens) + max(tgt_lens))
+            flops += sum(training_flops(cfg.model, s, t, tgt_tok.vocab_size) for s, t in zip(src_lens, tgt_lens))
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return TrainingSpeed(cfg.train_steps, seconds, (src_tokens + tgt_tokens) / seconds, tgt_tokens / seconds,
+                         padded / seconds, flops / tgt_tokens, flops / seconds)
+
+
+def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> list[dict[str, Any]]:
+    """Sentences/s and tokens/s on the test split: greedy and beam, each with and without the KV cache."""
+    if cfg.checkpoint is not None:
+        trained = pipeline.load_trained(cfg.checkpoint, device)
+        model, src_tok, tgt_tok, data = trained.model, trained.src_tok, trained.tgt_tok, trained.config.data
+    else:
+        train_cfg = TrainConfig(data=cfg.data, model=cfg.model, output_dir=str(work_dir))
+        dist = DistContext(rank=0, world_size=1, local_rank=0, device=device, is_main=True)
+        src_tok, tgt_tok, _ = pipeline.build_training_data(train_cfg, work_dir, dist)
+        model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device).eval()
+        data = cfg.data
+    src, _ = load_split(data, data.test_split)
+    src = src[: cfg.decode_sentences] if cfg.decode_sentences else src
+    rows = []
+    for beam in sorted({1, cfg.eval.beam_size}):
+        for use_cache in (True, False):
+            eval_cfg = replace(cfg.eval, beam_size=beam, n_best=1, use_cache=use_cache)
+            start = time.perf_counter()
+            hypotheses = translate(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
+            _sync(device)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(tgt_tok.encode(h[0])) + 1 for h in hypotheses)
+            rows.append({"search": "greedy" if beam == 1 else f"beam {beam}", "cache": use_cache,
+                         "sentences": len(src), "seconds": seconds, "sentences_per_s": len(src) / seconds,
+                         "tokens_per_s": tokens / seconds})
+            log.info("decoding %s cache=%s: %.1f sentences/s", rows[-1]["search"], use_cache,
+                     rows[-1]["sentences_per_s"])
+    return rows
+
+
+def run(cfg: BenchmarkConfig) -> dict[str, Any]:
+    """Run every measurement and write ``benchmark.json`` and ``benchmark.md`` into ``cfg.output_dir``."""
+    device = choose_device(cfg.device)
+    configure_threads(cfg.training.threads)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        speed = benchmark_training(cfg, device, Path(scratch))
+        peak = matmul_peak(device, cfg.matmul_size)
+        decoding = benchmark_decoding(cfg, device, Path(scratch))
+    result = {
+        "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "model": to_plain_dict(cfg.model),
+        "max_tokens": cfg.training.max_tokens, "training": asdict(speed), "matmul_flops": peak,
+        "mfu": speed.achieved_flops / peak, "decoding": decoding, "peak_memory_mb": peak_memory_mb(device),
+    }
+    (out / "benchmark.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (out / "benchmark.md").write_text(markdown_report(result), encoding="utf-8")
+    print(markdown_report(result))
+    return result
+
+
+def markdown_report(result: dict[str, Any]) -> str:
+    """The benchmark as markdown tables."""
+    t = result["training"]
+    lines = [
+        f"Device {result['device']}, {result['threads']} threads, torch {result['torch']}, "
+        f"max_tokens {result['max_tokens']}, peak memory {result['peak_memory_mb']:.0f} MiB",
+        "",
+        "| training | value |", "| --- | --- |",
+        f"| target tokens/s | {t['tgt_tokens_per_s']:,.0f} |",
+        f"| source+target tokens/s | {t['src_tgt_tokens_per_s']:,.0f} |",
+        f"| seconds per step | {t['seconds'] / t['steps']:.3f} |",
+        f"| training FLOPs per target token | {t['flops_per_tgt_token'] / 1e6:.1f} M |",
+        f"| achieved | {t['achieved_flops'] / 1e9:.1f} GFLOP/s |",
+        f"| matmul peak | {result['matmul_flops'] / 1e9:.1f} GFLOP/s |",
+        f"| model FLOP utilisation | {100 * result['mfu']:.1f} % |",
+        "",
+        "| decoding | KV cache | sentences/s | tokens/s |", "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {r['search']} | {'yes' if r['cache'] else 'no'} | {r['sentences_per_s']:.1f} | "
+              f"{r['tokens_per_s']:,.0f} |" for r in result["decoding"]]
+    return "\n".join(lines) + "\n"

@@ -40,6 +40,7 @@ def test_training_run_writes_everything(trained_run):
     for name in ("last.pt", "best.pt", "final.pt"):
         assert (run_dir / "checkpoints" / name).is_file(), name
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert metrics["final_weights"].startswith(("best", "average of the last"))
     saved = json.loads((run_dir / "metrics.json").read_text())
     assert saved["test_bleu"] == pytest.approx(metrics["test_bleu"])
     assert "nrefs:1" in saved["test"]["bleu_signature"]

@@ -31,6 +31,7 @@ from transformer.config import BenchmarkConfig, ModelConfig, TrainConfig, to_pla
 from transformer.data import load_split
 from transformer.decoding import translate
 from transformer.distributed import DistContext
+from transformer.inference import load_trained
 from transformer.model import build_model
 from transformer.runtime import choose_device, configure_threads, seed_everything
 from transformer.tracking import Tracker
@@ -128,7 +129,7 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
 def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> list[dict[str, Any]]:
     """Sentences/s and tokens/s on the test split: greedy and beam, each with and without the KV cache."""
     if cfg.checkpoint is not None:
-        trained = pipeline.load_trained(cfg.checkpoint, device)
+        trained = load_trained(cfg.checkpoint, device)
         model, src_tok, tgt_tok, data = trained.model, trained.src_tok, trained.tgt_tok, trained.config.data
     else:
         train_cfg = TrainConfig(data=cfg.data, model=cfg.model, output_dir=str(work_dir))

@@ -11,17 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from transformer import checkpoint as ckpt
-from transformer.batching import Batch, TokenBucketSampler, collate
+from transformer.batching import TokenBucketSampler, collate
 from transformer.config import (
     ConfigError,
-    EvalConfig,
     EvaluateConfig,
     ModelConfig,
     PrepareDataConfig,
@@ -34,7 +33,15 @@ from transformer.data import TranslationDataset, clean_pairs, corpus_paths, load
 from transformer.decoding import translate as translate_texts
 from transformer.distributed import DistContext, cleanup, init_distributed
 from transformer.glove import init_embedding_from_glove, vector_dim
-from transformer.metrics import Scores, corpus_scores
+from transformer.inference import (
+    FINAL_CHECKPOINT,
+    TrainedModel,
+    attention_maps,
+    find_checkpoint,
+    format_scores,
+    load_trained,
+    score_texts,
+)
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
 from transformer.runtime import choose_device, configure_threads, seed_everything, set_deterministic
@@ -42,48 +49,9 @@ from transformer.tokenizer import Tokenizer, build_tokenizers, tokenizer_from_st
 from transformer.tracking import Tracker
 from transformer.trainer import Trainer
 from transformer.validation import make_validator
-from transformer.visualize import compute_attention_maps, log_attention_maps, save_attention_maps
+from transformer.visualize import log_attention_maps, save_attention_maps
 
 log = logging.getLogger(__name__)
-
-FINAL_CHECKPOINT = "final.pt"  # the model the test score belongs to: best, or the average of the last N
-
-
-# --------------------------------------------------------------------------------------------------
-# Loading a trained model
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainedModel:
-    """A model ready for inference, with the tokenizers and training config it came with."""
-
-    model: Transformer
-    src_tok: Tokenizer
-    tgt_tok: Tokenizer
-    config: TrainConfig
-    path: Path
-
-
-def find_checkpoint(run_dir: str | Path) -> Path:
-    """The checkpoint of a training run to evaluate: final, else best, else last."""
-    folder = Path(run_dir) / "checkpoints"
-    for name in (FINAL_CHECKPOINT, "best.pt", "last.pt"):
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"no checkpoint in {folder} (looked for {FINAL_CHECKPOINT}, best.pt, last.pt)")
-
-
-def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
-    """Rebuild model and tokenizers from one checkpoint file; no YAML needed."""
-    state = ckpt.load_checkpoint(path, map_location="cpu")
-    config = from_plain_dict(TrainConfig, state["config"])
-    src_tok = tokenizer_from_state(state["tokenizers"]["src"])
-    tgt_tok = tokenizer_from_state(state["tokenizers"]["tgt"])
-    model = build_model(config.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
-    model.load_state_dict(state["model"])
-    model.to(device).eval()
-    return TrainedModel(model, src_tok, tgt_tok, config, Path(path))
 
 
 def _resolve_model_path(run_dir: str | None, checkpoint: str | None) -> Path:
@@ -240,7 +208,8 @@ def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
     result = trainer.fit()
     metrics: dict[str, Any] = {"train": asdict(result)}
     if dist.is_main:
-        metrics.update(_final_evaluation(cfg, run_dir, model, src_tok, tgt_tok, dist.device, tracker))
+        metrics.update(_final_evaluation(cfg, run_dir, model, src_tok, tgt_tok, dist.device, tracker,
+                                         validate, result.steps))
         _write_json(run_dir / "metrics.json", metrics)
         tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
     tracker.close()
@@ -279,28 +248,43 @@ def _hparams(cfg: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if v is not None}
 
 
-def _final_evaluation(cfg: TrainConfig, run_dir: Path, model: Transformer, src_tok: Tokenizer,
-                      tgt_tok: Tokenizer, device: torch.device, tracker: Tracker) -> dict[str, Any]:
-    """Load the best (or averaged) weights, save them as final.pt, and score them on the test set."""
-    folder = run_dir / "checkpoints"
+def _final_weights(cfg: TrainConfig, folder: Path, model: Transformer,
+                   validate: Callable[[torch.nn.Module, int], dict[str, float]], step: int
+                   ) -> tuple[dict[str, Any], str, float]:
+    """The weights to keep: best.pt, or the average of the last checkpoints when that validates higher.
+
+    Returns (model state, where it came from, its validation BLEU).
+    """
     best = ckpt.load_checkpoint(folder / "best.pt", map_location="cpu")
-    if cfg.training.average_last > 1:
-        paths = ckpt.CheckpointManager(folder, cfg.training.keep_last).recent(cfg.training.average_last)
-        weights, source = ckpt.average_checkpoints(paths), f"average of {len(paths)}"
-    else:
-        weights, source = best["model"], "best"
+    candidates = [(best["model"], f"best (step {best['step']})", float(best["best_bleu"]))]
+    paths = ckpt.CheckpointManager(folder, cfg.training.keep_last).recent(cfg.training.average_last)
+    if len(paths) > 1:
+        averaged = ckpt.average_checkpoints(paths)
+        model.load_state_dict(averaged)
+        bleu = validate(model, step)["bleu"]
+        candidates.append((averaged, f"average of the last {len(paths)} checkpoints", bleu))
+        log.info("validation BLEU: best checkpoint %.2f, %s %.2f", candidates[0][2], candidates[1][1], bleu)
+    return max(candidates, key=lambda candidate: candidate[2])
+
+
+def _final_evaluation(cfg: TrainConfig, run_dir: Path, model: Transformer, src_tok: Tokenizer,
+                      tgt_tok: Tokenizer, device: torch.device, tracker: Tracker,
+                      validate: Callable[[torch.nn.Module, int], dict[str, float]], step: int) -> dict[str, Any]:
+    """Choose the final weights, save them as final.pt (with tokenizers and config), score them on the test set."""
+    folder = run_dir / "checkpoints"
+    weights, source, valid_bleu = _final_weights(cfg, folder, model, validate, step)
     model.load_state_dict(weights)
-    final = {key: best[key] for key in ("config", "model_config", "tokenizers", "version", "step")}
-    ckpt.save_checkpoint({**final, "model": weights}, folder / FINAL_CHECKPOINT)
+    last = ckpt.load_checkpoint(folder / "last.pt", map_location="cpu")
+    keep = {key: last[key] for key in ("config", "model_config", "tokenizers", "version", "step")}
+    ckpt.save_checkpoint({**keep, "model": weights, "source": source}, folder / FINAL_CHECKPOINT)
 
     test_src, test_ref = load_split(cfg.data, cfg.data.test_split)
-    scores, hypotheses = _score(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device)
+    scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device)
     (run_dir / "test.hyp.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=int(best["step"]))
-    log.info("test (%s, %s weights): %s", cfg.data.test_split, source, _format_scores(scores))
+    tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=step)
+    log.info("test (%s, %s): %s", cfg.data.test_split, source, format_scores(scores))
     return {
-        "valid_bleu": float(best["best_bleu"]),
-        "test_bleu": scores.bleu, "test_chrf": scores.chrf,
+        "valid_bleu": valid_bleu, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
         "test": asdict(scores), "final_weights": source,
     }
 
@@ -308,18 +292,6 @@ def _final_evaluation(cfg: TrainConfig, run_dir: Path, model: Transformer, src_t
 # --------------------------------------------------------------------------------------------------
 # Evaluation, translation, averaging
 # --------------------------------------------------------------------------------------------------
-
-
-def _score(model: Transformer, src: list[str], refs: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
-           eval_cfg: EvalConfig, device: torch.device) -> tuple[Scores, list[str]]:
-    nbest = translate_texts(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
-    hypotheses = [candidates[0] for candidates in nbest]
-    return corpus_scores(hypotheses, refs), hypotheses
-
-
-def _format_scores(scores: Scores) -> str:
-    return (f"BLEU {scores.bleu:.2f} chrF {scores.chrf:.2f} on {scores.n_sentences} sentences\n"
-            f"  {scores.bleu_signature}\n  {scores.chrf_signature}")
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
@@ -333,7 +305,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     else:
         src, refs = load_split(data, data.test_split)
         name = f"{data.test_split}.{data.src}-{data.tgt}"
-    scores, hypotheses = _score(trained.model, src, refs, trained.src_tok, trained.tgt_tok, cfg.eval, device)
+    scores, hypotheses = score_texts(trained.model, src, refs, trained.src_tok, trained.tgt_tok, cfg.eval, device)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
@@ -343,7 +315,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=0)
     _dump_attention(cfg, trained, src, refs, hypotheses, out / "attention", tracker)
     tracker.close()
-    print(f"{name}: {_format_scores(scores)}")
+    print(f"{name}: {format_scores(scores)}")
     return metrics
 
 
@@ -365,21 +337,10 @@ def _dump_attention(cfg: EvaluateConfig, trained: TrainedModel, src: list[str], 
         if cfg.attention.on_reference and reference is not None:
             targets.append(("ref", reference))
         for kind, target in targets:
-            maps = _attention_maps(trained, source, target, cfg.attention.max_tokens)
+            maps = attention_maps(trained, source, target, cfg.attention.max_tokens)
             paths = save_attention_maps(maps, out, f"{name}_{kind}")
             log_attention_maps(tracker.writer, maps, f"attention/{name}_{kind}", step=0)
             log.info("attention maps for %s (%s): %d files in %s", name, kind, len(paths), out)
-
-
-def _attention_maps(trained: TrainedModel, source: str, target: str, max_tokens: int):
-    src_ids = trained.src_tok.encode(source)[:max_tokens]
-    tgt_ids = trained.tgt_tok.encode(target)[:max_tokens]
-    return compute_attention_maps(
-        trained.model, src_ids, tgt_ids,
-        src_pieces=[trained.src_tok.id_to_piece(i) for i in src_ids],
-        tgt_pieces=[trained.tgt_tok.id_to_piece(i) for i in tgt_ids],
-        bos_id=trained.tgt_tok.bos_id, eos_id=trained.tgt_tok.eos_id, pad_id=trained.src_tok.pad_id,
-    )
 
 
 def translate(cfg: TranslateConfig) -> None:

@@ -1,0 +1,77 @@
+"""Using a trained model: rebuild it from a checkpoint (no YAML needed), translate and score texts, and
+compute the attention maps of a sentence pair."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer.config import EvalConfig, TrainConfig, from_plain_dict
+from transformer.decoding import translate
+from transformer.metrics import Scores, corpus_scores
+from transformer.model import Transformer, build_model
+from transformer.tokenizer import Tokenizer, tokenizer_from_state
+from transformer.visualize import AttentionMaps, compute_attention_maps
+
+FINAL_CHECKPOINT = "final.pt"  # the model the test score belongs to: best, or the average of the last N
+
+
+@dataclass
+class TrainedModel:
+    """A model ready for inference, with the tokenizers and training config it came with."""
+
+    model: Transformer
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer
+    config: TrainConfig
+    path: Path
+
+
+def find_checkpoint(run_dir: str | Path) -> Path:
+    """The checkpoint of a training run to evaluate: final, else best, else last."""
+    folder = Path(run_dir) / "checkpoints"
+    for name in (FINAL_CHECKPOINT, "best.pt", "last.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"no checkpoint in {folder} (looked for {FINAL_CHECKPOINT}, best.pt, last.pt)")
+
+
+def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
+    """Rebuild model and tokenizers from one checkpoint file; no YAML needed."""
+    state = ckpt.load_checkpoint(path, map_location="cpu")
+    config = from_plain_dict(TrainConfig, state["config"])
+    src_tok = tokenizer_from_state(state["tokenizers"]["src"])
+    tgt_tok = tokenizer_from_state(state["tokenizers"]["tgt"])
+    model = build_model(config.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    return TrainedModel(model, src_tok, tgt_tok, config, Path(path))
+
+
+def score_texts(model: Transformer, src: list[str], refs: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
+                eval_cfg: EvalConfig, device: torch.device) -> tuple[Scores, list[str]]:
+    """Translate ``src`` (best hypothesis each) and score it against ``refs`` with sacreBLEU."""
+    nbest = translate(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
+    hypotheses = [candidates[0] for candidates in nbest]
+    return corpus_scores(hypotheses, refs), hypotheses
+
+
+def format_scores(scores: Scores) -> str:
+    """BLEU and chrF with their sacreBLEU signatures, for the log."""
+    return (f"BLEU {scores.bleu:.2f} chrF {scores.chrf:.2f} on {scores.n_sentences} sentences\n"
+            f"  {scores.bleu_signature}\n  {scores.chrf_signature}")
+
+
+def attention_maps(trained: TrainedModel, source: str, target: str, max_tokens: int) -> AttentionMaps:
+    """All attention weights of one sentence pair, teacher-forced on ``target`` (both cut to ``max_tokens``)."""
+    src_ids = trained.src_tok.encode(source)[:max_tokens]
+    tgt_ids = trained.tgt_tok.encode(target)[:max_tokens]
+    return compute_attention_maps(
+        trained.model, src_ids, tgt_ids,
+        src_pieces=[trained.src_tok.id_to_piece(i) for i in src_ids],
+        tgt_pieces=[trained.tgt_tok.id_to_piece(i) for i in tgt_ids],
+        bos_id=trained.tgt_tok.bos_id, eos_id=trained.tgt_tok.eos_id, pad_id=trained.src_tok.pad_id,
+    )

@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from transformer import pipeline
+from transformer.curves import Curve, plot_curves, read_curve
 from transformer.data import DataError
 
 from conftest import REPO, write_toy_corpus
@@ -51,6 +52,15 @@ def test_training_run_writes_everything(trained_run):
 def test_toy_copy_is_learned(trained_run):
     _, metrics = trained_run
     assert metrics["test_bleu"] > 60.0, metrics
+
+
+def test_training_curve_is_read_back_and_plotted(trained_run, tmp_path):
+    run_dir, metrics = trained_run
+    curve = read_curve(run_dir)
+    assert max(curve.values) == pytest.approx(metrics["train"]["best_bleu"], abs=1e-4)
+    assert curve.steps == sorted(curve.steps) and all(m >= 0 for m in curve.minutes)
+    png = plot_curves([curve], tmp_path / "curve.png", reference=Curve("ref", [0.1, 0.2], [0, 0], [1.0, 2.0]))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_evaluate_scores_and_dumps_attention(trained_run, compose_config, tmp_path):
@@ -104,3 +114,17 @@ def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["train"]["steps"] == 50
     assert 0.0 <= metrics["test_bleu"] <= 100.0 and metrics["test"]["n_sentences"] == 1000
+
+
+@pytest.mark.slow
+def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path):
+    """The README's multi-device command on CPU (gloo): 2 ranks train, rank 0 writes the run directory."""
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+         str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "training.max_steps=6",
+         f"hydra.run.dir={tmp_path / 'run'}", "training.threads=1"],
+        check=True, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["train"]["steps"] == 6
+    assert (tmp_path / "run" / "checkpoints" / "final.pt").is_file()

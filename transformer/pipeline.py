@@ -31,7 +31,7 @@ from transformer.config import (
 )
 from transformer.data import TranslationDataset, clean_pairs, corpus_paths, load_split, read_parallel
 from transformer.decoding import translate as translate_texts
-from transformer.distributed import DistContext, cleanup, init_distributed
+from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.glove import init_embedding_from_glove, vector_dim
 from transformer.inference import (
     FINAL_CHECKPOINT,
@@ -186,6 +186,7 @@ def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
     seed_everything(cfg.training.seed)
     _check_glove(cfg.model)
     resumed, run_dir = _resume_state(cfg)
+    run_dir = Path(broadcast_object(str(run_dir)))  # under torchrun, ranks may have timestamped dirs apart
     run_dir.mkdir(parents=True, exist_ok=True)
 
     src_tok, tgt_tok, train_set = build_training_data(cfg, run_dir, dist,

@@ -1,0 +1,32 @@
+"""Plot validation BLEU against training minutes for one or more runs.
+
+    python scripts/plot_curves.py docs/curve.png outputs/train/RUN_A ours=outputs/train/RUN_B \
+        [--tag valid/bleu] [--reference "OpenNMT-py=11:13.4,23:29.6"]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from transformer.curves import Curve, plot_curves, read_curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="PNG to write")
+    parser.add_argument("runs", nargs="+", help="training run directories; LABEL=DIR names a curve")
+    parser.add_argument("--tag", default="valid/bleu", help="TensorBoard scalar to plot")
+    parser.add_argument("--reference", help="a dashed reference curve, LABEL=MIN:VALUE,MIN:VALUE,...")
+    args = parser.parse_args()
+    reference = None
+    if args.reference:
+        label, points = args.reference.split("=", 1)
+        pairs = [tuple(map(float, point.split(":"))) for point in points.split(",")]
+        reference = Curve(label, [m for m, _ in pairs], [0] * len(pairs), [v for _, v in pairs])
+    curves = [read_curve(run.split("=", 1)[-1], args.tag, run.split("=", 1)[0] if "=" in run else None)
+              for run in args.runs]
+    print(plot_curves(curves, args.out, ylabel=args.tag, reference=reference))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Training curves from a run's TensorBoard events: validation BLEU against minutes of training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+@dataclass
+class Curve:
+    """One scalar of one run: ``minutes`` since the run's first event, ``steps`` and ``values``."""
+
+    label: str
+    minutes: list[float]
+    steps: list[int]
+    values: list[float]
+
+
+def read_curve(run_dir: str | Path, tag: str = "valid/bleu", label: str | None = None) -> Curve:
+    """The scalar ``tag`` of a training run directory (its ``tensorboard/`` events)."""
+    folder = Path(run_dir) / "tensorboard"
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    if tag not in events.Tags()["scalars"]:
+        raise ValueError(f"{folder}: no scalar {tag!r} (found {sorted(events.Tags()['scalars'])})")
+    scalars = events.Scalars(tag)
+    start = min(event.wall_time for tag_name in events.Tags()["scalars"] for event in events.Scalars(tag_name))
+    return Curve(label or Path(run_dir).name, [(s.wall_time - start) / 60 for s in scalars],
+                 [s.step for s in scalars], [s.value for s in scalars])
+
+
+def plot_curves(curves: list[Curve], out: str | Path, ylabel: str = "validation BLEU",
+                reference: Curve | None = None) -> Path:
+    """Draw value-against-minutes lines (and an optional reference curve) into a PNG."""
+    fig = Figure(figsize=(7, 4.5), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for curve in curves:
+        ax.plot(curve.minutes, curve.values, marker="o", markersize=3, label=curve.label)
+    if reference is not None:
+        ax.plot(reference.minutes, reference.values, linestyle="--", marker="s", color="grey",
+                label=reference.label)
+    ax.set_xlabel("minutes of training")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    return Path(out)

@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from transformer import pipeline
 from transformer.curves import Curve, plot_curves, read_curve
+from transformer.config import ConfigError
 from transformer.data import DataError
+from transformer.inference import load_trained
 
 from conftest import REPO, write_toy_corpus
 
@@ -92,6 +95,30 @@ def test_missing_corpus_says_how_to_get_it(compose_config, tmp_path):
         pipeline.train(OmegaConf.to_object(cfg))
 
 
+def test_glove_of_the_wrong_size_stops_before_training(compose_config, toy_corpus, tmp_path):
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("a 0.1 0.2 0.3 0.4\nb 0.5 0.6 0.7 0.8\n", encoding="utf-8")
+    cfg = compose_config("train", [*TOY, f"data.dir={toy_corpus}", f"output_dir={tmp_path / 'out'}",
+                                   f"model.glove.path={vectors}"])
+    with pytest.raises(ConfigError, match=r"holds 4-dimensional vectors but model.d_model=32"):
+        pipeline.train(OmegaConf.to_object(cfg))
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_glove_initialises_the_source_embeddings(compose_config, toy_corpus, tmp_path):
+    vectors = tmp_path / "vectors.txt"
+    rows = {word: [float(i + 1)] * 32 for i, word in enumerate("abcdefgh")}
+    vectors.write_text("".join(f"{w} {' '.join(map(str, v))}\n" for w, v in rows.items()), encoding="utf-8")
+    metrics = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1", f"model.glove.path={vectors}",
+                     "model.glove.freeze=true", "model.glove.rescale=false", "model.share_embeddings=false",
+                     "model.tie_output=false")
+    assert metrics["train"]["steps"] == 1
+    trained = load_trained(tmp_path / "run" / "checkpoints" / "last.pt", torch.device("cpu"))
+    weight = trained.model.src_token_embedding.weight
+    for word, vector in rows.items():
+        assert torch.equal(weight[trained.src_tok.encode(word)[0]], torch.tensor(vector))  # frozen: unchanged
+
+
 def test_resume_continues_to_the_same_step_count(compose_config, toy_corpus, tmp_path):
     first = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=10")
     assert first["train"]["steps"] == 10
@@ -120,7 +147,7 @@ def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
 def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path):
     """The README's multi-device command on CPU (gloo): 2 ranks train, rank 0 writes the run directory."""
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
          str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "training.max_steps=6",
          f"hydra.run.dir={tmp_path / 'run'}", "training.threads=1"],
         check=True, cwd=tmp_path, capture_output=True, text=True, timeout=300,

@@ -175,7 +175,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """
     dist = init_distributed(choose_device(cfg.device))
     try:
-        return _train(cfg, dist)
+        metrics = _train(cfg, dist)
+        dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
+        return metrics
     finally:
         cleanup()
 

@@ -172,7 +172,7 @@ class ModelConfig:
     positions: PositionKind = PositionKind.sinusoidal
     max_positions: int = 1024
     tie_output: bool = True  # decoder output projection shares the target embedding matrix
-    share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary)
+    share_embeddings: bool = False  # one embedding for source and target (needs a joint vocabulary)
     glove: GloveConfig = field(default_factory=GloveConfig)
 
     def __post_init__(self) -> None:

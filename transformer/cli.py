@@ -38,8 +38,7 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig) -> Any:
         typed = OmegaConf.to_object(cfg)  # runs every __post_init__ range check
         return command(typed)
     except _user_errors() as error:
-        log.error("%s", error)
-        print(f"error: {error}", file=sys.stderr)
+        log.error("%s", error)  # to the console and, for runs with a directory, to its log file
         sys.exit(1)
 
 

@@ -155,3 +155,13 @@ def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["train"]["steps"] == 6
     assert (tmp_path / "run" / "checkpoints" / "final.pt").is_file()
+
+
+def test_cli_reports_a_bad_config_in_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train.py"), "data=custom", f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert out.returncode == 1
+    assert "data.dir: is required with data=custom" in out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr

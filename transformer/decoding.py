@@ -41,6 +41,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from transformer.config import EvalConfig, LengthNorm
 from transformer.model import select_encoder_output
@@ -320,7 +321,7 @@ def _collect_at_limit(state: _Beams, limits: list[int], finished: list[list[Hypo
 
 
 def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
-              device: torch.device | str, max_src_len: int) -> list[list[str]]:
+              device: torch.device | str, max_src_len: int, progress: bool = False) -> list[list[str]]:
     """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order.
 
     Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
@@ -328,12 +329,14 @@ def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: T
     without running the model. A line longer than ``max_src_len`` tokens is cut to that length with a
     warning; hypotheses are capped at ``max_src_len`` tokens too (pass the model's position limit).
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
+    ``progress`` shows a progress bar (sentences) on stderr.
     """
     ids = _encode_sources(texts, src_tok, max_src_len)
     outputs: list[list[str]] = [[""] * cfg.n_best for _ in texts]
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
     model.eval()
+    bar = tqdm(total=len(todo), unit="sent", desc="translating", disable=not progress, leave=False)
     try:
         with torch.inference_mode():
             for start in range(0, len(todo), cfg.batch_size):
@@ -341,7 +344,9 @@ def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: T
                 src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
                 for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_src_len)):
                     outputs[i] = [tgt_tok.decode(tokens) for tokens in nbest]
+                bar.update(len(chunk))
     finally:
+        bar.close()
         model.train(was_training)
     return outputs
 

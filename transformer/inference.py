@@ -52,9 +52,9 @@ def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
 
 
 def score_texts(model: Transformer, src: list[str], refs: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                eval_cfg: EvalConfig, device: torch.device) -> tuple[Scores, list[str]]:
-    """Translate ``src`` (best hypothesis each) and score it against ``refs`` with sacreBLEU."""
-    nbest = translate(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
+                eval_cfg: EvalConfig, device: torch.device, progress: bool = True) -> tuple[Scores, list[str]]:
+    """Translate ``src`` (best hypothesis each, with a progress bar) and score it against ``refs`` with sacreBLEU."""
+    nbest = translate(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions, progress=progress)
     hypotheses = [candidates[0] for candidates in nbest]
     return corpus_scores(hypotheses, refs), hypotheses
 

@@ -210,7 +210,7 @@ class TrainingConfig:
     accumulate: int = 2  # batches per optimizer step (2 x 2048 runs faster on a CPU than 1 x 4096)
     lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 1000
-    schedule: Schedule = Schedule.inverse_sqrt
+    schedule: Schedule = Schedule.cosine  # decays to min_lr at max_steps (else the end of max_epochs)
     min_lr: float = 0.0  # floor for the cosine schedule
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
@@ -254,8 +254,6 @@ class TrainingConfig:
         _check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
         _check(self.average_last <= self.keep_last, "training.average_last",
                f"averages kept checkpoints only: raise training.keep_last to >= {self.average_last}")
-        _check(self.schedule is not Schedule.cosine or self.max_steps is not None, "training.max_steps",
-               "the cosine schedule needs training.max_steps")
 
 
 @dataclass

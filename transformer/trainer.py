@@ -156,6 +156,20 @@ class Trainer:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids)
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in one epoch (``accumulate`` batches each; the last step may take fewer)."""
+        return math.ceil(len(self.sampler) / self.cfg.accumulate)
+
+    @property
+    def schedule_steps(self) -> int:
+        """The step at which a decaying schedule (cosine) reaches ``min_lr``: ``max_steps`` when given, else
+        the last step of ``max_epochs``. A ``max_minutes`` stop comes before that, with the rate not yet at
+        its floor."""
+        if self.cfg.max_steps is not None:
+            return self.cfg.max_steps
+        return self.cfg.max_epochs * self.steps_per_epoch
+
     # ---------------------------------------------------------------------------------------------
     # State
     # ---------------------------------------------------------------------------------------------
@@ -266,7 +280,7 @@ class Trainer:
         cfg = self.cfg
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
             return "max_steps"
-        per_epoch = math.ceil(len(self.sampler) / cfg.accumulate)
+        per_epoch = self.steps_per_epoch
         batches = iter(self.sampler)
         bar = ProgressBar(per_epoch, enabled=cfg.progress_bar and self.dist.is_main, desc=f"epoch {self.epoch + 1}")
         window = _Window()
@@ -300,7 +314,7 @@ class Trainer:
             raise ValueError(f"step {self.step + 1}: the batches hold no target tokens")
         scale = self.dist.world_size / tokens  # DDP averages gradients over ranks; undo that, then per token
         lr = learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
-                           warmup_steps=self.cfg.warmup_steps, max_steps=self.cfg.max_steps, min_lr=self.cfg.min_lr)
+                           warmup_steps=self.cfg.warmup_steps, max_steps=self.schedule_steps, min_lr=self.cfg.min_lr)
         set_learning_rate(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(2, device=self.device)  # (loss_sum, nll_sum)

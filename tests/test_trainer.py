@@ -141,6 +141,26 @@ def test_max_minutes_stops(tmp_path):
     assert (result.reason, result.steps) == ("max_minutes", 1)
 
 
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_cosine_without_max_steps_reaches_its_floor_on_the_last_epoch_step(tmp_path, accumulate):
+    cfg = training_config(max_epochs=2, accumulate=accumulate, schedule=Schedule.cosine, warmup_steps=2, min_lr=1e-5)
+    trainer = make_trainer(tmp_path, cfg, PAIRS)
+    per_epoch = -(-len(trainer.sampler) // accumulate)
+    assert trainer.schedule_steps == 2 * per_epoch
+    rates = []
+    step = trainer.train_step
+    trainer.train_step = lambda group: (stats := step(group), rates.append(trainer.optimizer.param_groups[0]["lr"]))[0]
+    assert trainer.fit().steps == 2 * per_epoch
+    assert rates[1] == pytest.approx(cfg.lr)  # the end of warm-up
+    assert rates[-1] == pytest.approx(1e-5) and min(rates[2:-1]) > 1e-5  # the floor comes at the very last step
+    assert all(a > b for a, b in zip(rates[1:], rates[2:]))  # decays monotonically after warm-up
+
+
+def test_max_steps_sets_the_schedule_length(tmp_path):
+    cfg = training_config(max_steps=5, max_epochs=50, schedule=Schedule.cosine)
+    assert make_trainer(tmp_path, cfg, PAIRS).schedule_steps == 5
+
+
 @pytest.mark.parametrize("extra, error, message", [
     ({"step": 1}, ValueError, "clash"),  # would shadow the trainer's own key
     ({"schedule": Schedule.cosine}, CheckpointError, r"extra_state\.schedule"),  # not weights_only-loadable

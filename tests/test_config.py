@@ -53,7 +53,7 @@ def test_root_configs_compose(compose_config):
     for name in ("prepare_data", "benchmark"):
         OmegaConf.to_object(compose_config(name, ["output_dir=/tmp/x"] if name == "benchmark" else []))
     cfg = OmegaConf.to_object(compose_config("evaluate", ["run_dir=outputs/train/x", *RUN]))
-    assert isinstance(cfg, EvaluateConfig) and cfg.eval.beam_size == 5
+    assert isinstance(cfg, EvaluateConfig) and cfg.eval.beam_size == 8
     OmegaConf.to_object(compose_config("translate", ["checkpoint=x.pt", "eval=greedy"]))
 
 

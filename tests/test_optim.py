@@ -79,3 +79,19 @@ def test_build_optimizer_uses_config():
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable"):
         build_optimizer(frozen, cfg)
+
+
+def test_optimizer_steps_match_hand_computed_adamw():
+    model = nn.Linear(3, 2)
+    cfg = TrainingConfig(lr=0.1, betas=[0.9, 0.98], eps=1e-8, weight_decay=0.5)
+    optimizer = build_optimizer(model, cfg)
+    weight = model.weight.detach().clone()
+    m, v = torch.zeros_like(weight), torch.zeros_like(weight)
+    for step in (1, 2):
+        grad = torch.randn_like(weight)
+        model.weight.grad, model.bias.grad = grad.clone(), torch.zeros_like(model.bias)
+        optimizer.step()
+        m, v = 0.9 * m + 0.1 * grad, 0.98 * v + 0.02 * grad**2
+        m_hat, v_hat = m / (1 - 0.9**step), v / (1 - 0.98**step)
+        weight = weight * (1 - 0.1 * 0.5) - 0.1 * m_hat / (v_hat.sqrt() + 1e-8)  # decoupled weight decay
+        torch.testing.assert_close(model.weight.detach(), weight)

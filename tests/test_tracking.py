@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import sys
+
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.tracking import ProgressBar, Tracker
@@ -30,3 +34,18 @@ def test_disabled_tracker_and_bar_do_nothing(tmp_path):
     bar = ProgressBar(10, enabled=False)
     bar.update(1, loss=1.0, tokens_per_s=5.0)
     bar.close()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream, shown", [(_Terminal(), True), (io.StringIO(), False)])
+def test_progress_bar_draws_only_on_a_terminal(monkeypatch, stream, shown):
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = ProgressBar(10, enabled=True, desc="epoch 3")
+    bar.update(4, loss=1.25)
+    bar.close()
+    assert ("epoch 3:" in stream.getvalue()) is shown
+    assert shown or stream.getvalue() == ""

@@ -34,6 +34,7 @@ Shape names: batch (sentences), beam, rows (live sentences x beam), step, vocab.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
@@ -329,14 +330,15 @@ def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: T
     without running the model. A line longer than ``max_src_len`` tokens is cut to that length with a
     warning; hypotheses are capped at ``max_src_len`` tokens too (pass the model's position limit).
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
-    ``progress`` shows a progress bar (sentences) on stderr.
+    ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
     ids = _encode_sources(texts, src_tok, max_src_len)
     outputs: list[list[str]] = [[""] * cfg.n_best for _ in texts]
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
     model.eval()
-    bar = tqdm(total=len(todo), unit="sent", desc="translating", disable=not progress, leave=False)
+    bar = tqdm(total=len(todo), unit="sent", desc="translating", disable=not (progress and sys.stderr.isatty()),
+               leave=False)
     try:
         with torch.inference_mode():
             for start in range(0, len(todo), cfg.batch_size):

@@ -352,7 +352,7 @@ def translate(cfg: TranslateConfig) -> None:
     trained = load_trained(_resolve_model_path(cfg.run_dir, cfg.checkpoint), device)
     lines = _read_input(cfg.input)
     nbest = translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
-                            trained.model.max_positions, progress=sys.stderr.isatty())
+                            trained.model.max_positions, progress=True)
     text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
     if cfg.output is None:
         sys.stdout.write(text)

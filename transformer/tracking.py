@@ -12,6 +12,7 @@ A disabled tracker accepts every call and does nothing, so callers never branch 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +80,13 @@ class Tracker:
 
 
 class ProgressBar:
-    """A tqdm bar over optimizer steps showing loss and tokens/s; does nothing when disabled."""
+    """A tqdm bar over optimizer steps showing loss and tokens/s; does nothing when disabled.
+
+    Shown only when stderr is a terminal: redrawn bars would fill a redirected log with carriage returns.
+    """
 
     def __init__(self, total: int | None, *, enabled: bool, desc: str = "train", initial: int = 0) -> None:
+        enabled = enabled and sys.stderr.isatty()
         self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False) if enabled else None
 
     def update(self, n: int = 1, *, loss: float | None = None, tokens_per_s: float | None = None) -> None:

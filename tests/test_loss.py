@@ -1,4 +1,4 @@
-"""Label-smoothed cross-entropy against a hand computation and against F.cross_entropy."""
+"""Label-smoothed cross-entropy against a hand computation and F.cross_entropy; the fused projection + loss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import label_smoothed_cross_entropy, label_smoothed_sums
+from transformer.loss import label_smoothed_cross_entropy, label_smoothed_sums, projected_label_smoothed_sums
 
 PAD = 0
 
@@ -66,3 +66,49 @@ def test_rejects_bad_arguments():
         label_smoothed_sums(torch.zeros(1, 2, 3), torch.ones(1, 2, dtype=torch.long), smoothing=1.0, pad_id=PAD)
     with pytest.raises(ValueError, match="disagree"):
         label_smoothed_sums(torch.zeros(1, 2, 3), torch.ones(1, 3, dtype=torch.long), smoothing=0.1, pad_id=PAD)
+
+
+def _projection_problem(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 6, 5, dtype=dtype, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=dtype, requires_grad=True)
+    bias = torch.randn(11, dtype=dtype, requires_grad=True)
+    target = torch.randint(1, 11, (4, 6))
+    target[0, 2:] = PAD
+    target[3, 5:] = PAD
+    return hidden, weight, bias, target
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradient(chunk_size):
+    hidden, weight, bias, target = _projection_problem(torch.float32)
+    reference = label_smoothed_sums(F.linear(hidden, weight, bias), target, smoothing=0.2, pad_id=PAD)
+    (reference[0] * 0.7).backward()
+    expected_grads = [t.grad.clone() for t in (hidden, weight, bias)]
+    for t in (hidden, weight, bias):
+        t.grad = None
+
+    loss_sum, nll_sum = projected_label_smoothed_sums(hidden, weight, bias, target, smoothing=0.2, pad_id=PAD,
+                                                      chunk_size=chunk_size)
+    (loss_sum * 0.7).backward()
+    torch.testing.assert_close(loss_sum, reference[0])
+    torch.testing.assert_close(nll_sum, reference[1])
+    assert not nll_sum.requires_grad
+    for got, expected in zip((hidden.grad, weight.grad, bias.grad), expected_grads):
+        torch.testing.assert_close(got, expected)
+    assert hidden.grad[0, 2:].abs().sum() == 0  # padding positions get no gradient
+
+
+def test_fused_projection_loss_passes_gradcheck():
+    hidden, weight, bias, target = _projection_problem(torch.float64)  # computed in float64 throughout
+    assert torch.autograd.gradcheck(
+        lambda h, w, b: projected_label_smoothed_sums(h, w, b, target, smoothing=0.1, pad_id=PAD, chunk_size=5)[0],
+        (hidden, weight, bias))
+
+
+def test_fused_projection_loss_without_bias_or_gradients():
+    hidden, weight, _, target = _projection_problem(torch.float32)
+    reference = label_smoothed_sums(F.linear(hidden, weight), target, smoothing=0.1, pad_id=PAD)
+    with torch.no_grad():
+        fused = projected_label_smoothed_sums(hidden, weight, None, target, smoothing=0.1, pad_id=PAD)
+    torch.testing.assert_close(fused, reference)

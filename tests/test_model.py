@@ -53,6 +53,18 @@ def test_shapes_and_embedding_properties() -> None:
     assert extra == 16 * VOCAB  # exactly the separate output projection
 
 
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_unprojected_forward_and_output_layer_give_the_logits(tie_output: bool) -> None:
+    model = _model(tie_output=tie_output)
+    src, tgt_in = _batch()
+    hidden = model(src, tgt_in, project=False)
+    assert hidden.shape == (3, 6, 16)
+    weight, bias = model.output_layer()
+    expected_weight = model.tgt_token_embedding.weight if tie_output else model.output_proj.weight
+    assert weight is expected_weight and bias is None
+    torch.testing.assert_close(F.linear(hidden, weight), model(src, tgt_in))
+
+
 def test_share_embeddings_needs_equal_vocab_sizes() -> None:
     with pytest.raises(ConfigError, match="model.share_embeddings.*13.*20"):
         build_model(_cfg(share_embeddings=True), 13, 20, PAD)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import PositionKind
+from transformer.dropout import Dropout
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
@@ -83,7 +84,7 @@ class Embeddings(nn.Module):
             nn.init.normal_(self.learned.weight, mean=0.0, std=0.02)
         else:
             raise ValueError(f"Embeddings: unknown position kind {positions!r}")
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         """Embed ``tokens`` at positions ``offset … offset + seq_len - 1``.

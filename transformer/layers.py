@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from transformer.attention import KVCache, MultiHeadAttention
 from transformer.config import Activation, NormPosition
+from transformer.dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -23,7 +24,7 @@ class FeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = nn.ReLU() if activation is Activation.relu else nn.GELU()
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """(batch, len, d_model) -> (batch, len, d_model)."""
@@ -39,7 +40,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm: NormPosition) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre = norm is NormPosition.pre
 
     def inner(self, x: Tensor) -> Tensor:

@@ -63,3 +63,83 @@ def label_smoothed_sums(logits: Tensor, target: Tensor, *, smoothing: float, pad
         uniform_sum = uniform.masked_fill(~keep, 0.0).sum()
         loss_sum = (1.0 - smoothing) * nll_sum + smoothing * uniform_sum
     return loss_sum, nll_sum
+
+
+def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
+                                  smoothing: float, pad_id: int, chunk_size: int = 512) -> tuple[Tensor, Tensor]:
+    """:func:`label_smoothed_sums` of ``F.linear(hidden, weight, bias)``, without materialising the logits.
+
+    The output projection and the loss run ``chunk_size`` real target positions at a time; padding positions
+    are dropped first. Since the loss is a scalar, the gradients for ``hidden``, ``weight`` and ``bias`` are
+    complete as soon as a chunk's softmax is known, so they are accumulated during the forward pass and the
+    backward pass only scales them. No (positions, vocab) tensor outlives its chunk: a step touches a few MiB
+    of logits instead of allocating, faulting in and re-reading ~100 MiB tensors several times.
+
+    Args:
+        hidden: (batch, tgt_len, d_model) decoder states.
+        weight: (vocab, d_model); bias: (vocab,) or None.
+        target: (batch, tgt_len) gold ids; positions equal to ``pad_id`` are ignored.
+        smoothing: eps in [0, 1).
+        pad_id: the padding id.
+        chunk_size: positions per chunk.
+
+    Returns:
+        ``(loss_sum, nll_sum)`` as float32 (float64 for float64 inputs) scalars; only ``loss_sum`` carries a
+        gradient.
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+    if hidden.shape[:-1] != target.shape:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} disagree; "
+            "expected (batch, tgt_len, d_model) and (batch, tgt_len)"
+        )
+    keep = target.ne(pad_id)
+    return _ProjectedLabelSmoothedLoss.apply(hidden[keep], weight, bias, target[keep], smoothing, chunk_size)
+
+
+class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
+    """Projection + label-smoothed cross-entropy over (n, d_model) states; gradients made in the forward pass.
+
+    Per position, with p = softmax(logits) and q the smoothed target of the module docstring,
+    d loss / d logits = p - q; so d loss / d hidden = (p - q) W and d loss / d W = (p - q)ᵀ hidden.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, smoothing: float,
+                chunk_size: int) -> tuple[Tensor, Tensor]:
+        vocab = weight.size(0)
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros_like(bias) if need_bias else None
+        dtype = torch.promote_types(hidden.dtype, torch.float32)  # float32 even under bf16 autocast
+        nll_sum = hidden.new_zeros((), dtype=dtype)
+        uniform_sum = hidden.new_zeros((), dtype=dtype)
+        for start in range(0, hidden.size(0), chunk_size):
+            h, gold = hidden[start:start + chunk_size], target[start:start + chunk_size].unsqueeze(-1)  # (n, ·)
+            logits = F.linear(h, weight, bias).to(dtype)  # (n, vocab)
+            log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n, 1)
+            nll_sum += (log_z - logits.gather(-1, gold)).sum()
+            uniform_sum += (log_z.squeeze(-1) - logits.mean(dim=-1)).sum()  # -mean_k log p(k), summed
+            if not (need_hidden or need_weight or need_bias):
+                continue
+            grad_logits = logits.sub_(log_z).exp_()  # p, in place of the logits
+            grad_logits -= smoothing / vocab
+            grad_logits.scatter_add_(-1, gold, grad_logits.new_full(gold.shape, smoothing - 1.0))  # p - q
+            grad_logits = grad_logits.to(h.dtype)
+            if need_hidden:
+                grad_hidden[start:start + chunk_size] = grad_logits @ weight
+            if need_weight:
+                grad_weight += grad_logits.t() @ h
+            if need_bias:
+                grad_bias += grad_logits.sum(dim=0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        loss_sum = (1.0 - smoothing) * nll_sum + smoothing * uniform_sum
+        ctx.mark_non_differentiable(nll_sum)
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
+        grads = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
+        return *grads, None, None, None

@@ -157,9 +157,15 @@ class Transformer(nn.Module):
         """The target nn.Embedding (the same object as the source one with ``share_embeddings``)."""
         return self.decoder.embed.token.embedding
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Training path: src (batch, src_len), tgt_in (batch, tgt_len) -> logits (batch, tgt_len, tgt_vocab)."""
-        return self.decode(tgt_in, self.encode(src)).logits
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        """Training path: src (batch, src_len), tgt_in (batch, tgt_len) -> logits (batch, tgt_len, tgt_vocab).
+
+        With ``project=False`` it stops before the output projection and returns the decoder states
+        (batch, tgt_len, d_model), for a loss that applies :meth:`output_layer` itself.
+        """
+        if project:
+            return self.decode(tgt_in, self.encode(src)).logits
+        return self._decoder_states(tgt_in, self.encode(src), None, False)[0]
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """src (batch, src_len) ids -> :class:`EncoderOutput` (memory, padding mask, optional weights)."""
@@ -191,6 +197,14 @@ class Transformer(nn.Module):
         Returns:
             :class:`DecoderOutput`; its ``cache`` is the extended cache (None when none was given).
         """
+        x, new_cache, self_w, cross_w = self._decoder_states(tgt_in, encoder_out, cache, need_weights)
+        logits = self.project(x)  # (batch, tgt_len, tgt_vocab)
+        return DecoderOutput(logits, new_cache, self_w if need_weights else None,
+                             cross_w if need_weights else None)
+
+    def _decoder_states(self, tgt_in: Tensor, encoder_out: EncoderOutput, cache: DecoderCache | None,
+                        need_weights: bool) -> tuple[Tensor, DecoderCache | None, list[Tensor], list[Tensor]]:
+        """:meth:`decode` up to the output projection: states (batch, tgt_len, d_model), cache, weights."""
         if cache is None:
             offset, tgt_valid = 0, None
             self_mask = decoder_self_mask(tgt_in, self.pad_id)  # (batch, 1, tgt_len, tgt_len)
@@ -214,16 +228,18 @@ class Transformer(nn.Module):
                 cross_w.append(out.cross_weights)
         if self.decoder.norm is not None:
             x = self.decoder.norm(x)
-        logits = self.project(x)  # (batch, tgt_len, tgt_vocab)
         new_cache = None if cache is None else DecoderCache(new_self, cache.cross_attn, tgt_valid)
-        return DecoderOutput(logits, new_cache, self_w if need_weights else None,
-                             cross_w if need_weights else None)
+        return x, new_cache, self_w, cross_w
+
+    def output_layer(self) -> tuple[Tensor, Tensor | None]:
+        """The pre-softmax projection's weight (tgt_vocab, d_model) and bias (None here)."""
+        if self.output_proj is None:
+            return self.decoder.embed.token.weight, None
+        return self.output_proj.weight, self.output_proj.bias
 
     def project(self, hidden: Tensor) -> Tensor:
         """Decoder states (batch, tgt_len, d_model) -> logits (batch, tgt_len, tgt_vocab)."""
-        if self.output_proj is None:
-            return F.linear(hidden, self.decoder.embed.token.weight)
-        return self.output_proj(hidden)
+        return F.linear(hidden, *self.output_layer())
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Transformer:

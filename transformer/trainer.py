@@ -40,7 +40,7 @@ from transformer import distributed
 from transformer.checkpoint import TRAINER_KEYS, CheckpointManager, check_plain
 from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
-from transformer.loss import label_smoothed_sums
+from transformer.loss import projected_label_smoothed_sums
 from transformer.optim import learning_rate, set_learning_rate
 from transformer.runtime import autocast, capture_rng_state, defer_sigint, restore_rng_state, seed_everything
 from transformer.tracking import ProgressBar, Tracker
@@ -324,9 +324,10 @@ class Trainer:
             sync = contextlib.nullcontext() if self._ddp is None or last else self._ddp.no_sync()
             with sync:
                 with autocast(self.device, self.cfg.precision):
-                    logits = self._forward(batch.src, batch.tgt_in)  # (batch, tgt_len, vocab)
-                loss_sum, nll_sum = label_smoothed_sums(
-                    logits, batch.tgt_out, smoothing=self.cfg.label_smoothing, pad_id=self.pad_id)
+                    hidden = self._forward(batch.src, batch.tgt_in, project=False)  # (batch, tgt_len, d_model)
+                    loss_sum, nll_sum = projected_label_smoothed_sums(
+                        hidden, *self.model.output_layer(), batch.tgt_out, smoothing=self.cfg.label_smoothing,
+                        pad_id=self.pad_id)
                 (loss_sum * scale).backward()
             sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
         grad_norm = self._clip_gradients()

@@ -1,0 +1,68 @@
+"""Dropout whose CPU path draws 16 random bits per element instead of one Bernoulli sample.
+
+On a CPU, ``F.dropout`` spends most of its time in ``bernoulli_``: about 6 ns per element, 12.6 ms for the
+2M-element FFN hidden state of one 2k-token batch, where the rest of dropout forward and backward takes 2 ms.
+Filling int64s with 64 random bits and reading them as four int16s needs a quarter of the generator calls.
+An element is dropped when its 16-bit draw falls in the lowest ``round(p · 2^16)`` values, and the kept ones
+are scaled by the exact inverse of the keep probability, so the output stays unbiased; the drop rate is p
+rounded to a multiple of 2^-16 (0.2 becomes 0.199997). On CUDA, ``F.dropout`` is already a fused kernel and
+is used as is. Both draw from torch's seeded generators, so runs repeat and resume exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_LEVELS = 1 << 16  # distinct values of a 16-bit draw
+
+
+def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[Tensor, float]:
+    """A bool mask (True = keep) with P(keep) = 1 - round(p · 2^16) / 2^16, and 1 / P(keep)."""
+    dropped_levels = round(p * _LEVELS)
+    numel = shape.numel()
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), None)
+    draws = words.view(torch.int16)[:numel].view(shape)  # uniform over [-2^15, 2^15)
+    return draws >= dropped_levels - (1 << 15), _LEVELS / (_LEVELS - dropped_levels)
+
+
+class _CpuDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:
+        keep, scale = _keep_mask(x.shape, p, x.device)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x * keep * scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (keep,) = ctx.saved_tensors
+        return grad * keep * ctx.scale, None
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Inverted dropout: zero elements with probability ``p`` and scale the rest by 1 / (1 - p)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, training=True)
+    return _CpuDropout.apply(x, p)
+
+
+class Dropout(nn.Module):
+    """:func:`dropout` as a module: active in ``train()`` mode, the identity in ``eval()`` mode."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"

@@ -1,7 +1,8 @@
 """The encoder-decoder Transformer (Vaswani et al., 2017): Encoder, Decoder, ``Transformer``, ``build_model``.
 
-``Transformer.forward(src, tgt_in) -> logits`` is the training path (DDP hooks run only through it);
-decoding calls ``encode`` / ``init_cache`` / ``decode`` on the unwrapped module. Nothing is stored on
+``Transformer.forward(src, tgt_in) -> logits`` is the training path (DDP hooks run only through it); the
+trainer asks it for the decoder states (``project=False``) and applies ``output_layer`` inside the loss. Decoding
+calls ``encode`` / ``init_cache`` / ``decode`` on the unwrapped module. Nothing is stored on
 modules between calls: attention weights and the KV cache are returned explicitly.
 
 Shape legend: batch, src_len, tgt_len, d_model, heads, d_head, vocab (src_vocab / tgt_vocab).

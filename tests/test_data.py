@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
@@ -18,6 +19,7 @@ from transformer.data import (
     CleaningReport,
     DataError,
     TranslationDataset,
+    token_dtype,
     clean_pairs,
     corpus_paths,
     load_split,
@@ -157,10 +159,17 @@ def test_custom_corpus_missing_or_ambiguous_files(tmp_path):
 def test_translation_dataset_from_texts():
     words = WordTokenizer.train(["a b c", "b c"], TokenizerConfig(kind=TokenizerKind.word))
     data = TranslationDataset.from_texts(["a b", "c"], ["b c a", ""], words, words)
-    assert len(data) == 2 and data.src_lengths == [2, 1] and data.tgt_lengths == [3, 0]
-    assert data[0] == (words.encode("a b"), words.encode("b c a"))
+    assert len(data) == 2 and data.src_lengths.tolist() == [2, 1] and data.tgt_lengths.tolist() == [3, 0]
+    assert data[0] == (words.encode("a b"), words.encode("b c a")) and data[1][1] == []
+    assert data.src_tokens.dtype == np.uint8  # 10 words + 4 specials fit one byte
     with pytest.raises(DataError, match="2 source but 1 target"):
-        TranslationDataset([[4], [5]], [[6]])
+        TranslationDataset.from_sequences([[4], [5]], [[6]])
+    with pytest.raises(DataError, match="offsets must run from 0"):
+        TranslationDataset(np.zeros(3, np.uint16), np.array([0, 2]), np.zeros(1, np.uint16), np.array([0, 1]))
+
+
+def test_token_dtype_is_the_smallest_that_holds_the_vocabulary():
+    assert [token_dtype(v) for v in (256, 257, 65536, 65537)] == [np.uint8, np.uint16, np.uint16, np.uint32]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ import tempfile
 import urllib.error
 import urllib.request
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVar
+
+import numpy as np
 
 from transformer.config import CorpusKind, DataConfig
 from transformer.tokenizer import Tokenizer
@@ -380,30 +382,73 @@ def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds every id below ``vocab_size``."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise DataError(f"vocabulary of {vocab_size} entries does not fit 32-bit ids")
+
+
 class TranslationDataset:
-    """Aligned id sequences (no BOS/EOS); ``collate`` adds those."""
+    """Aligned id sequences (no BOS/EOS; ``collate`` adds those) in flat arrays.
 
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-    src_lengths: list[int] = field(init=False, repr=False)
-    tgt_lengths: list[int] = field(init=False, repr=False)
+    Pair ``i`` is ``src_tokens[src_offsets[i]:src_offsets[i + 1]]`` and the same on the target side. The
+    arrays may be memory-mapped (read-only, shared between processes): nothing here copies them, and the
+    length arrays cost 4 bytes per pair and side.
 
-    def __post_init__(self) -> None:
-        if len(self.src_ids) != len(self.tgt_ids):
-            raise DataError(f"TranslationDataset: {len(self.src_ids)} source but {len(self.tgt_ids)} target sequences")
-        self.src_lengths = [len(ids) for ids in self.src_ids]
-        self.tgt_lengths = [len(ids) for ids in self.tgt_ids]
+    Args:
+        src_tokens, tgt_tokens: (n_tokens,) unsigned ids.
+        src_offsets, tgt_offsets: (n_pairs + 1,) int64, starting at 0, non-decreasing, ending at the token count.
+    """
+
+    def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray, tgt_tokens: np.ndarray,
+                 tgt_offsets: np.ndarray) -> None:
+        for side, tokens, offsets in (("source", src_tokens, src_offsets), ("target", tgt_tokens, tgt_offsets)):
+            if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(tokens):
+                raise DataError(f"TranslationDataset: {side} offsets must run from 0 to the token count "
+                                f"{len(tokens)}; got {len(offsets)} offsets ending at {offsets[-1] if len(offsets) else None}")
+        if len(src_offsets) != len(tgt_offsets):
+            raise DataError(f"TranslationDataset: {len(src_offsets) - 1} source but {len(tgt_offsets) - 1} "
+                            "target sequences")
+        self.src_tokens, self.src_offsets = src_tokens, src_offsets
+        self.tgt_tokens, self.tgt_offsets = tgt_tokens, tgt_offsets
+        self.src_lengths = np.diff(src_offsets).astype(np.int32)  # (n_pairs,)
+        self.tgt_lengths = np.diff(tgt_offsets).astype(np.int32)  # (n_pairs,)
+        if (self.src_lengths < 0).any() or (self.tgt_lengths < 0).any():
+            raise DataError("TranslationDataset: offsets must be non-decreasing")
+
+    @classmethod
+    def from_sequences(cls, src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]],
+                       vocab_size: int | None = None) -> TranslationDataset:
+        """Pack id lists into arrays of :func:`token_dtype` (of ``vocab_size``, default the largest id + 1)."""
+        if len(src_ids) != len(tgt_ids):
+            raise DataError(f"TranslationDataset: {len(src_ids)} source but {len(tgt_ids)} target sequences")
+        arrays = []
+        for seqs in (src_ids, tgt_ids):
+            offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+            np.cumsum([len(seq) for seq in seqs], out=offsets[1:])
+            arrays.append((np.fromiter((i for seq in seqs for i in seq), dtype=np.int64, count=int(offsets[-1])),
+                           offsets))
+        largest = max((int(tokens.max()) for tokens, _ in arrays if len(tokens)), default=0)
+        if min((int(tokens.min()) for tokens, _ in arrays if len(tokens)), default=0) < 0:
+            raise DataError("TranslationDataset: token ids must be >= 0")
+        dtype = token_dtype(vocab_size if vocab_size is not None else largest + 1)
+        (src, src_offsets), (tgt, tgt_offsets) = arrays
+        return cls(src.astype(dtype), src_offsets, tgt.astype(dtype), tgt_offsets)
 
     @classmethod
     def from_texts(
         cls, src: Sequence[str], tgt: Sequence[str], src_tok: Tokenizer, tgt_tok: Tokenizer
     ) -> TranslationDataset:
         """Encode aligned sentences with the source and target tokenizers."""
-        return cls([src_tok.encode(s) for s in src], [tgt_tok.encode(t) for t in tgt])
+        return cls.from_sequences([src_tok.encode(s) for s in src], [tgt_tok.encode(t) for t in tgt],
+                                  max(src_tok.vocab_size, tgt_tok.vocab_size))
 
     def __len__(self) -> int:
-        return len(self.src_ids)
+        return len(self.src_lengths)
 
     def __getitem__(self, index: int) -> tuple[list[int], list[int]]:
-        return self.src_ids[index], self.tgt_ids[index]
+        s0, s1 = self.src_offsets[index], self.src_offsets[index + 1]
+        t0, t1 = self.tgt_offsets[index], self.tgt_offsets[index + 1]
+        return self.src_tokens[s0:s1].tolist(), self.tgt_tokens[t0:t1].tolist()

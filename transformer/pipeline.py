@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from transformer import checkpoint as ckpt
@@ -86,7 +87,7 @@ def _training_set(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
     log.info("training pairs: %s", report.summary())
     if not src_ids:
         raise ConfigError("data.max_len: cleaning dropped every training pair")
-    return TranslationDataset(src_ids, tgt_ids)
+    return TranslationDataset.from_sequences(src_ids, tgt_ids, max(src_tok.vocab_size, tgt_tok.vocab_size))
 
 
 def _tokenizers(cfg: TrainConfig, src: list[str], tgt: list[str], run_dir: Path, dist: DistContext,
@@ -144,8 +145,8 @@ def _apply_glove(model: Transformer, cfg: ModelConfig, src_tok: Tokenizer, tgt_t
         log.info("GloVe %s embeddings: %s", side, coverage)
 
 
-def _piece_counts(ids: list[list[int]], tok: Tokenizer) -> dict[str, int]:
-    counts = torch.bincount(torch.tensor([i for seq in ids for i in seq]), minlength=tok.vocab_size)
+def _piece_counts(tokens: np.ndarray, tok: Tokenizer) -> dict[str, int]:
+    counts = np.bincount(tokens, minlength=tok.vocab_size)
     return {tok.id_to_piece(i): int(c) for i, c in enumerate(counts.tolist()) if c}
 
 
@@ -198,7 +199,7 @@ def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
     if cfg.model.glove.path is not None and resumed is None:
-        counts = {"src": _piece_counts(train_set.src_ids, src_tok), "tgt": _piece_counts(train_set.tgt_ids, tgt_tok)}
+        counts = {"src": _piece_counts(train_set.src_tokens, src_tok), "tgt": _piece_counts(train_set.tgt_tokens, tgt_tok)}
         _apply_glove(model, cfg.model, src_tok, tgt_tok, counts)
     model.to(dist.device)
     log.info("model: %.2fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)

@@ -97,6 +97,25 @@ def test_fused_and_explicit_paths_agree(kind: str) -> None:
         assert torch.allclose(g_e, g_f, atol=1e-5)
 
 
+def test_is_causal_equals_the_causal_mask_on_both_paths() -> None:
+    torch.manual_seed(3)
+    inputs = [torch.randn(2, 3, 6, 4, requires_grad=True) for _ in range(3)]
+    d_out = torch.randn(2, 3, 6, 4)
+    reference, _ = scaled_dot_product_attention(*inputs, mask=causal_mask(6), need_weights=True)
+    reference_grads = torch.autograd.grad(reference, inputs, d_out)
+    for need_weights in (True, False):
+        out, weights = scaled_dot_product_attention(*inputs, is_causal=True, need_weights=need_weights)
+        assert torch.allclose(out, reference, atol=1e-5)
+        for g, g_ref in zip(torch.autograd.grad(out, inputs, d_out), reference_grads):
+            assert torch.allclose(g, g_ref, atol=1e-5)
+        if need_weights:
+            assert torch.equal(weights.triu(1), torch.zeros_like(weights))
+    with pytest.raises(ValueError, match="is_causal needs no mask and q_len == k_len"):
+        scaled_dot_product_attention(*inputs, mask=causal_mask(6), is_causal=True)
+    with pytest.raises(ValueError, match="q_len=2, k_len=6"):
+        scaled_dot_product_attention(inputs[0][:, :, :2], inputs[1], inputs[2], is_causal=True)
+
+
 @pytest.mark.parametrize("need_weights", [True, False])
 def test_fully_masked_rows_give_zeros_not_nan(need_weights: bool) -> None:
     q, k, v = (torch.randn(1, 2, 3, 4, requires_grad=True) for _ in range(3))

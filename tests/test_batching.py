@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.batching import Batch, TokenBucketSampler, batch_cost, collate, padding_efficiency
+from transformer.batching import (
+    Batch,
+    Prefetcher,
+    TokenBucketSampler,
+    batch_cost,
+    collate,
+    collate_arrays,
+    padding_efficiency,
+)
+from transformer.data import TranslationDataset
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
@@ -155,3 +164,65 @@ def test_multi30k_padding_efficiency_at_4096_tokens(tmp_path):
     data = TranslationDataset.from_texts(src, tgt, src_tok, tgt_tok)
     sampler = TokenBucketSampler(data.src_lengths, data.tgt_lengths, 4096, seed=1234)
     assert padding_efficiency(sampler, data.src_lengths, data.tgt_lengths) >= 0.95
+
+
+def _loop_collate(pairs, pad_to_multiple):
+    """An independent reference: pad row by row."""
+    src_len = -(-max(1, max(len(s) for s, _ in pairs)) // pad_to_multiple) * pad_to_multiple
+    tgt_len = -(-(max(len(t) for _, t in pairs) + 1) // pad_to_multiple) * pad_to_multiple
+    src = torch.full((len(pairs), src_len), PAD_ID)
+    tgt_in = torch.full((len(pairs), tgt_len), PAD_ID)
+    tgt_out = torch.full((len(pairs), tgt_len), PAD_ID)
+    for row, (s, t) in enumerate(pairs):
+        src[row, : len(s)] = torch.tensor(s, dtype=torch.long)
+        tgt_in[row, : len(t) + 1] = torch.tensor([BOS_ID, *t])
+        tgt_out[row, : len(t) + 1] = torch.tensor([*t, EOS_ID])
+    return src, tgt_in, tgt_out
+
+
+@pytest.mark.parametrize("multiple", [1, 3, 8])
+def test_vectorised_collate_equals_a_row_by_row_reference(multiple):
+    rng = random.Random(multiple)
+    pairs = [([rng.randrange(4, 300) for _ in range(rng.randint(0, 9))],
+              [rng.randrange(4, 300) for _ in range(rng.randint(0, 11))]) for _ in range(40)]
+    data = TranslationDataset.from_sequences([s for s, _ in pairs], [t for _, t in pairs])
+    indices = [7, 3, 39, 0, 12]
+    batch = collate_arrays(data, indices, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_to_multiple=multiple)
+    src, tgt_in, tgt_out = _loop_collate([pairs[i] for i in indices], multiple)
+    assert torch.equal(batch.src, src) and torch.equal(batch.tgt_in, tgt_in) and torch.equal(batch.tgt_out, tgt_out)
+    assert batch.src.size(1) % multiple == 0 and batch.tgt_out.size(1) % multiple == 0
+    assert batch.indices == indices and batch.n_tgt_tokens == sum(len(pairs[i][1]) + 1 for i in indices)
+    # target_positions are exactly the real cells of tgt_out, in row-major order
+    real = torch.zeros(tgt_out.numel(), dtype=torch.bool)
+    real[batch.target_positions] = True
+    assert torch.equal(real.view_as(tgt_out), tgt_out != PAD_ID) and len(batch.target_positions) == batch.n_tgt_tokens
+    rows = [max(len(pairs[i][0]) for i in indices), max(len(pairs[i][1]) for i in indices)]
+    assert batch_cost(len(indices), *rows, multiple) == batch.src.numel() + batch.tgt_out.numel()
+
+
+def test_sampler_budget_counts_the_rounded_lengths():
+    src, tgt = _lengths(300, seed=4)
+    sampler = TokenBucketSampler(src, tgt, 256, seed=2, pad_to_multiple=8)
+    batches = list(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(300))
+    for b in batches:
+        assert batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b), 8) <= 256 or len(b) == 1
+    # rounding makes batches no fuller than without it
+    assert len(sampler) >= len(TokenBucketSampler(src, tgt, 256, seed=2))
+
+
+def test_prefetcher_keeps_order_and_passes_errors_on():
+    assert list(Prefetcher(iter(range(50)), depth=3)) == list(range(50))
+
+    def failing():
+        yield 1
+        raise KeyError("bad batch")
+
+    prefetched = Prefetcher(failing())
+    assert next(prefetched) == 1
+    with pytest.raises(KeyError, match="bad batch"):
+        next(prefetched)
+    endless = Prefetcher(iter(int, 1), depth=2)  # never ends: close() must still stop the thread
+    assert next(endless) == 0
+    endless.close()
+    assert not endless._thread.is_alive()

@@ -108,8 +108,11 @@ def test_cached_decoding_equals_the_full_pass(name: str) -> None:
     model = _model(**CONFIGS[name])
     src, tgt_in = _batch()
     with torch.no_grad():
-        full = model(src, tgt_in)
         enc = model.encode(src)
+        full = model.decode(tgt_in, enc).logits  # the padding-masked full pass
+        real = tgt_in != PAD
+        # the training path (plain causal self-attention) agrees at every real position
+        assert torch.allclose(model(src, tgt_in)[real], full[real], atol=1e-5)
         cache = model.init_cache(enc)
         steps = []
         for t in range(tgt_in.size(1)):
@@ -129,7 +132,7 @@ def test_cached_decoding_after_select_reorders_rows() -> None:
     src, tgt_in = _batch()
     order = torch.tensor([2, 0, 0, 1])  # reorder and repeat rows, as beam search does
     with torch.no_grad():
-        full = model(src[order], tgt_in[order])
+        full = model.decode(tgt_in[order], model.encode(src[order])).logits
         enc = model.encode(src)
         cache = model.decode(tgt_in[:, :3], enc, model.init_cache(enc)).cache  # 3 steps on the original rows
         cache, enc = cache.select(order), select_encoder_output(enc, order)
@@ -156,7 +159,9 @@ def test_attention_weights_of_every_layer(name: str) -> None:
     assert len(out.cross_attentions) == 2 and out.cross_attentions[0].shape == (3, 2, 6, 5)
     assert torch.equal(out.cross_attentions[0][1, :, :, 3:], torch.zeros(2, 6, 2))  # source pads
     assert torch.equal(out.self_attentions[0][0].triu(1), torch.zeros(2, 6, 6))  # causal
-    assert torch.allclose(out.logits, model(src, tgt_in), atol=1e-5)  # explicit path == fused path
+    assert torch.allclose(out.logits, model.decode(tgt_in, model.encode(src)).logits, atol=1e-5)  # explicit == fused
+    real = tgt_in != PAD
+    assert torch.allclose(out.logits[real], model(src, tgt_in)[real], atol=1e-5)  # == causal training path
     assert model.encode(src).attentions is None and model.decode(tgt_in, enc).self_attentions is None
     # with a cache: one step's weights are the last row of the full maps
     cache = model.decode(tgt_in[:, :5], enc, model.init_cache(enc)).cache

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,3 +174,71 @@ def test_extra_state_is_checked_up_front(tmp_path, extra, error, message):
         Trainer(t.model, t.optimizer, t.cfg, dataset=PAIRS, sampler=t.sampler, collate_fn=t.collate_fn, pad_id=0,
                 device=t.device, dist=t.dist, tracker=t.tracker, checkpoints=t.checkpoints, validate=t.validate,
                 extra_state=extra)
+
+
+_KILLED_RUN = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from toy_training import copy_pairs, make_trainer, training_config
+
+def kill_at(call):
+    if call == {kill_at}:  # while collating a batch of the next step: no chance to save
+        os.kill(os.getpid(), signal.SIGKILL)
+
+cfg = training_config(max_steps={steps}, save_every_steps={every})
+make_trainer(Path({run!r}), cfg, copy_pairs(40, seed=1), collate_hook=kill_at).fit()
+"""
+
+
+def test_kill_9_loses_at_most_save_every_steps_and_resumes_bit_identically(tmp_path):
+    steps, every = 9, 3
+    straight = make_trainer(tmp_path / "a", training_config(max_steps=steps), PAIRS)
+    straight.fit()
+    assert 6 < len(straight.sampler)  # the kill lands inside the first epoch
+
+    script = _KILLED_RUN.format(tests=str(Path(__file__).parent), kill_at=8, steps=steps, every=every,
+                                run=str(tmp_path / "b"))
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert (state["step"], state["reason"]) == (6, "scheduled")  # step 7 was in progress: 1 step lost
+    assert state["sampler"] == {"epoch": 0, "position": 6} and state["last_valid_step"] is None
+    assert not list((tmp_path / "b" / "checkpoints").glob("step_*.pt"))  # no validation, no rotation
+
+    resumed = make_trainer(tmp_path / "b", training_config(max_steps=steps, save_every_steps=every), PAIRS,
+                           model_seed=42)
+    resumed.load_state(state)
+    assert resumed.fit().steps == steps
+    _assert_same(parameters(straight), parameters(resumed))
+
+
+def test_save_every_minutes_writes_last_without_validating(tmp_path):
+    validations = []
+    cfg = training_config(max_steps=4, save_every_minutes=1e-9)  # due after every step
+    trainer = make_trainer(tmp_path, cfg, PAIRS, validate=lambda m, s: validations.append(s) or {"bleu": 1.0})
+    saved = []
+    original = trainer.save_now
+    trainer.save_now = lambda reason, **kw: (saved.append((trainer.step, reason)), original(reason, **kw))
+    trainer.fit()
+    assert saved == [(1, "scheduled"), (2, "scheduled"), (3, "scheduled"), (4, "final")]
+    assert validations == [4]  # only the final validation
+
+
+def test_a_late_check_still_keeps_non_finite_updates_out_of_the_weights(tmp_path):
+    """With checks every 4 steps (as on a GPU), a NaN step's update is skipped on the device and the next
+    check stops the run."""
+    cfg = training_config(max_steps=20)
+    poison = {"on": False}
+
+    def poison_at(call: int) -> None:
+        poison["on"] = call == 2  # only step 2 is bad
+
+    trainer = make_trainer(tmp_path, cfg, PAIRS, collate_hook=poison_at)
+    trainer._check_every = 4
+    trainer.model.register_forward_hook(lambda module, args, out: out * float("nan") if poison["on"] else out)
+    with pytest.raises(TrainingDiverged, match=r"step 4: .*1 non-finite step\(s\) since step 1"):
+        trainer.fit()
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
+    assert all(torch.isfinite(s["exp_avg_sq"]).all() for s in trainer.optimizer.state.values())
+    assert all(int(s["step"]) == 3 for s in trainer.optimizer.state.values())  # steps 1, 3 and 4 were applied

@@ -2,16 +2,45 @@
 
 Shape legend: batch, heads (n_heads), q_len (queries), k_len (keys), d_model, d_head, inner = n_heads * d_head.
 Masks are bool, True = may attend (see :mod:`transformer.masks`).
+
+Which fused kernel runs (``F.scaled_dot_product_attention``'s backend) is chosen here, per attention kind:
+
+- **Causal self-attention without a mask** (the decoder in training, ``is_causal=True``): flash attention,
+  then memory-efficient, then the math fallback. It is exact for right-padded targets at every real
+  position: a real query only sees earlier positions, which are all real; padding rows are never scored.
+- **Masked attention** (encoder self-attention and cross-attention with a padding mask; cached decoding):
+  the memory-efficient kernel, then math. Flash takes no mask.
+- **Never cuDNN** on CUDA. On Hopper, PyTorch >= 2.10 prefers cuDNN for masked attention, and cuDNN builds a
+  new execution plan for every new (batch, q_len, k_len), i.e. for nearly every token-bucketed batch: tens of
+  milliseconds of host time per call, most of a small model's step.
+
+On CPU, PyTorch's own order (its flash kernel when there is no dropout on the weights, else math) is already
+that choice and plans nothing per shape, so no backend is forced there. Every path gives the numbers of the
+explicit softmax(QKᵀ/√d)V (tests compare them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from transformer.masks import causal_mask
+
+_CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_MASKED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _backends(device: torch.device, is_causal: bool) -> contextlib.AbstractContextManager:
+    """The SDPA backends allowed for this attention kind on ``device`` (see the module docstring)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel(_CAUSAL_BACKENDS if is_causal else _MASKED_BACKENDS)
 
 
 def _guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -35,6 +64,7 @@ def scaled_dot_product_attention(
     mask: Tensor | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    is_causal: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q Kᵀ / √d_head) V  (Vaswani et al., 2017, §3.2.1).
 
@@ -49,10 +79,18 @@ def scaled_dot_product_attention(
         mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len); None = all.
         dropout_p: dropout on the attention weights (pass 0 at evaluation).
         need_weights: also return the weights (before dropout).
+        is_causal: query i may attend to keys 0..i (needs q_len == k_len and no ``mask``); lets the fused
+            path run flash attention.
 
     Returns:
         output (batch, heads, q_len, d_v) and weights (batch, heads, q_len, k_len) or None.
     """
+    if is_causal:
+        if mask is not None or query.size(-2) != key.size(-2):
+            raise ValueError(f"is_causal needs no mask and q_len == k_len, got mask={mask is not None}, "
+                             f"q_len={query.size(-2)}, k_len={key.size(-2)}")
+        if need_weights:
+            mask = causal_mask(query.size(-2), device=query.device)  # (1, 1, q_len, q_len)
     has_key = None
     if mask is not None:
         mask, has_key = _guard_empty_rows(mask)
@@ -66,7 +104,9 @@ def scaled_dot_product_attention(
         attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
         output = attended @ value  # (batch, heads, q_len, d_v)
         return output, weights
-    output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+    with _backends(query.device, is_causal):
+        output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p,
+                                                is_causal=is_causal)
     if has_key is not None:
         output = output * has_key  # (batch, heads, q_len, d_v); empty rows -> zeros
     return output, None
@@ -169,7 +209,7 @@ class MultiHeadAttention(nn.Module):
         return KVCache(self._split_heads(k), self._split_heads(v), static=True)
 
     def forward(self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None = None,
-                need_weights: bool = False, cache: KVCache | None = None) -> AttentionOutput:
+                need_weights: bool = False, cache: KVCache | None = None, is_causal: bool = False) -> AttentionOutput:
         """Attend from ``query`` to ``key``/``value`` (self-attention when all three are the same tensor).
 
         Args:
@@ -179,6 +219,7 @@ class MultiHeadAttention(nn.Module):
             need_weights: return the attention weights (explicit path) instead of the fused kernel.
             cache: a growing self-attention cache (the new K/V are appended and the longer cache is
                 returned) or a static cross-attention cache from :meth:`project_key_value`.
+            is_causal: causal self-attention without a mask (see :func:`scaled_dot_product_attention`).
 
         Returns:
             :class:`AttentionOutput` with output (batch, q_len, d_model), weights
@@ -199,7 +240,8 @@ class MultiHeadAttention(nn.Module):
             kv = KVCache(torch.cat([cache.key, kv.key], dim=2), torch.cat([cache.value, kv.value], dim=2))
         q = self._split_heads(q)  # (batch, heads, q_len, d_head)
         dropout_p = self.dropout if self.training else 0.0
-        context, weights = scaled_dot_product_attention(q, kv.key, kv.value, mask, dropout_p, need_weights)
+        context, weights = scaled_dot_product_attention(q, kv.key, kv.value, mask, dropout_p, need_weights,
+                                                       is_causal)
         batch, _, q_len, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, q_len, inner)  # (batch, q_len, inner)
         return AttentionOutput(self.out_proj(context), weights, kv if cache is not None else None)

@@ -15,6 +15,7 @@ Measured in one process, written as ``benchmark.json`` and ``benchmark.md`` in t
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import resource
@@ -22,11 +23,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from transformer import pipeline
+from transformer.batching import TokenBucketSampler
 from transformer.config import BenchmarkConfig, ModelConfig, TrainConfig, to_plain_dict
 from transformer.data import load_split
 from transformer.decoding import translate
@@ -102,28 +104,37 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device)
     trainer = pipeline.build_trainer(train_cfg, model, src_tok, tgt_tok, train_set, dist,
                                      Tracker(work_dir, enabled=False), work_dir, lambda m, s: {"bleu": 0.0})
-    trainer.sampler.set_epoch(0)
-    batches = iter(trainer.sampler)
-    group_size = cfg.training.accumulate
+    groups = _endless_groups(trainer.sampler, cfg.training.accumulate)
     for _ in range(cfg.untimed_steps):
-        trainer.train_step([next(batches) for _ in range(group_size)])
+        trainer.train_step([trainer.collate_fn(indices) for indices in next(groups)])
     src_tokens = tgt_tokens = padded = 0
     flops = 0.0
     _sync(device)
     start = time.perf_counter()
     for _ in range(cfg.train_steps):
-        group = [next(batches) for _ in range(group_size)]
-        trainer.train_step(group)
-        for indices in group:
-            src_lens = [train_set.src_lengths[i] for i in indices]
-            tgt_lens = [train_set.tgt_lengths[i] + 1 for i in indices]  # + EOS (output) / BOS (input)
-            src_tokens, tgt_tokens = src_tokens + sum(src_lens), tgt_tokens + sum(tgt_lens)
-            padded += len(indices) * (max(src_lens) + max(tgt_lens))
+        batches = [trainer.collate_fn(indices) for indices in next(groups)]
+        trainer.train_step(batches)
+        for batch in batches:
+            src_lens = train_set.src_lengths[batch.indices].astype(int)
+            tgt_lens = train_set.tgt_lengths[batch.indices].astype(int) + 1  # + EOS (output) / BOS (input)
+            src_tokens, tgt_tokens = src_tokens + int(src_lens.sum()), tgt_tokens + int(tgt_lens.sum())
+            padded += batch.src.numel() + batch.tgt_out.numel()
             flops += sum(training_flops(cfg.model, s, t, tgt_tok.vocab_size) for s, t in zip(src_lens, tgt_lens))
     _sync(device)
     seconds = time.perf_counter() - start
     return TrainingSpeed(cfg.train_steps, seconds, (src_tokens + tgt_tokens) / seconds, tgt_tokens / seconds,
                          padded / seconds, flops / tgt_tokens, flops / seconds)
+
+
+def _endless_groups(sampler: TokenBucketSampler, size: int) -> Iterator[list[list[int]]]:
+    """Groups of ``size`` index lists, epoch after epoch (a long benchmark outlasts one epoch)."""
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        batches = iter(sampler)
+        while group := list(itertools.islice(batches, size)):
+            yield group
+        epoch += 1
 
 
 def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -127,6 +128,9 @@ def greedy_search(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_
                   select_encoder: SelectEncoder = select_encoder_output) -> list[list[int]]:
     """Arg-max decoding of a batch; finished sentences leave the batch.
 
+    Each step copies only the chosen tokens to the host (one wait for the device); the tokens so far are
+    mirrored there, so finishing a sentence reads nothing more.
+
     Args:
         src: (batch, src_len) source ids padded with ``pad_id``.
 
@@ -138,25 +142,27 @@ def greedy_search(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_
     cache = model.init_cache(enc) if use_cache else None
     live = list(range(src.size(0)))  # sentence index of each row
     prefix = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # (rows, 1)
+    generated: list[list[int]] = [[] for _ in live]  # host copy of each row's tokens
     results: list[list[int]] = [[] for _ in live]
     while live:
         log_probs, cache = _step_log_probs(model, prefix, enc, cache, (pad_id, bos_id))
-        prefix = torch.cat([prefix, log_probs.argmax(dim=-1, keepdim=True)], dim=1)  # (rows, step + 1)
-        n_generated = prefix.size(1) - 1
-        last = prefix[:, -1].tolist()
-        done = [tok == eos_id or n_generated >= limits[s] for tok, s in zip(last, live)]
-        if not any(done):
-            continue
-        for row, s in enumerate(live):
-            if done[row]:
-                tokens = prefix[row, 1:].tolist()
-                results[s] = tokens[:-1] if tokens[-1] == eos_id else tokens
-        keep = [row for row, d in enumerate(done) if not d]
-        live = [live[row] for row in keep]
-        if live:
-            index = torch.tensor(keep, dtype=torch.long, device=src.device)
-            prefix, enc = prefix.index_select(0, index), select_encoder(enc, index)
-            cache = cache.select(index) if cache is not None else None
+        best = log_probs.argmax(dim=-1, keepdim=True)  # (rows, 1)
+        prefix = torch.cat([prefix, best], dim=1)  # (rows, step + 1)
+        keep = []
+        for row, (s, token) in enumerate(zip(live, best.flatten().tolist())):
+            if token == eos_id:
+                results[s] = generated[row]
+            elif len(generated[row]) + 1 >= limits[s]:
+                results[s] = generated[row] + [token]
+            else:
+                generated[row].append(token)
+                keep.append(row)
+        if len(keep) < len(live):
+            live, generated = [live[row] for row in keep], [generated[row] for row in keep]
+            if live:
+                index = torch.tensor(keep, dtype=torch.long, device=src.device)
+                prefix, enc = prefix.index_select(0, index), select_encoder(enc, index)
+                cache = cache.select(index) if cache is not None else None
     return results
 
 
@@ -227,7 +233,29 @@ class _Beams:
 
     sentences: list[int]  # original index of each live sentence
     log_prob: Tensor  # (sentences, beam) cumulative log-probs, -inf for empty slots
-    prefix: Tensor  # (rows, step + 1) BOS + tokens
+    prefix: Tensor  # (rows, step + 1) BOS + tokens, on the device
+    tokens: np.ndarray  # (rows, step) the same tokens without BOS, on the host
+
+
+@dataclass
+class _StepOnHost:
+    """One step's search decisions, copied to the host in a single transfer."""
+
+    cand_log_prob: np.ndarray  # (sentences, k)
+    cand_parent: np.ndarray  # (sentences, k)
+    finishing: np.ndarray  # (sentences, k) bool
+    token: np.ndarray  # (sentences, beam) the new beam's last tokens
+    parent: np.ndarray  # (sentences, beam) the beam slot each extends
+    log_prob: np.ndarray  # (sentences, beam) the new beam's log-probs (-inf: empty slot)
+
+    @classmethod
+    def fetch(cls, cand: _Candidates, finishing: Tensor, token: Tensor, parent: Tensor, log_prob: Tensor) -> _StepOnHost:
+        k, beam = cand.token.size(1), token.size(1)
+        packed = torch.cat([cand.log_prob.double(), cand.parent.double(), finishing.double(), token.double(),
+                            parent.double(), log_prob.double()], dim=1).cpu().numpy()  # (sentences, 3k + 3 beam)
+        cuts = np.cumsum([k, k, k, beam, beam])
+        lp, cp, fin, tok, par, new = np.split(packed, cuts, axis=1)
+        return cls(lp, cp.astype(np.int64), fin > 0, tok.astype(np.int64), par.astype(np.int64), new)
 
 
 @torch.inference_mode()
@@ -236,6 +264,9 @@ def beam_search(model: Decoder, src: Tensor, *, beam_size: int, n_best: int, len
                 use_cache: bool = True, max_tgt_len: int | None = None,
                 select_encoder: SelectEncoder = select_encoder_output) -> list[list[Hypothesis]]:
     """Batched beam search (see the module docstring for the rules).
+
+    The search runs on the device; each step copies its decisions to the host once (:class:`_StepOnHost`),
+    where the finished hypotheses are collected from a host copy of the tokens.
 
     Args:
         src: (batch, src_len) source ids padded with ``pad_id``.
@@ -253,15 +284,17 @@ def beam_search(model: Decoder, src: Tensor, *, beam_size: int, n_best: int, len
     cache = model.init_cache(enc) if use_cache else None
     start = torch.full((batch, beam), -math.inf, device=device)
     start[:, 0] = 0.0  # one live hypothesis per sentence at first, so the beam holds no duplicates
-    state = _Beams(list(range(batch)), start, torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device))
+    state = _Beams(list(range(batch)), start, torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device),
+                   np.zeros((batch * beam, 0), dtype=np.int64))
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     while state.sentences:
         log_probs, cache = _step_log_probs(model, state.prefix, enc, cache, (pad_id, bos_id))
         cand = _expand(state.log_prob, log_probs)
         finishing, order = _select(cand, beam, eos_id)
-        _collect_finished(state, cand, finishing, beam, finished, alpha, norm)
-        rows = _advance(state, cand, order, eos_id)
-        done = _collect_at_limit(state, limits, finished, beam, n_best, alpha, norm)
+        rows, step = _advance(state, cand, order, finishing, eos_id)
+        _collect_finished(state, step, beam, finished, alpha, norm)
+        state.tokens = np.concatenate([state.tokens[_parent_rows(step.parent, beam)], step.token.reshape(-1, 1)], 1)
+        done = _collect_at_limit(state, step.log_prob, limits, finished, beam, n_best, alpha, norm)
         keep = [i for i, d in enumerate(done) if not d]
         if not keep:
             break
@@ -272,22 +305,30 @@ def beam_search(model: Decoder, src: Tensor, *, beam_size: int, n_best: int, len
             state.sentences = [state.sentences[i] for i in keep]
             state.log_prob = state.log_prob[keep]
             state.prefix = state.prefix.view(len(done), beam, -1)[keep].flatten(0, 1)
+            state.tokens = state.tokens.reshape(len(done), beam, -1)[keep].reshape(len(keep) * beam, -1)
         if cache is not None:
             cache = cache.select(rows)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
 
 
-def _collect_finished(state: _Beams, cand: _Candidates, finishing: Tensor, beam: int,
-                      finished: list[list[Hypothesis]], alpha: float, norm: LengthNorm) -> None:
-    """Turn the EOS candidates marked in ``finishing`` (sentences, k) into finished hypotheses."""
-    for i, j in finishing.nonzero().tolist():
-        row = i * beam + int(cand.parent[i, j])
-        tokens = state.prefix[row, 1:].tolist()
-        finished[state.sentences[i]].append(_finalize(tokens, float(cand.log_prob[i, j]), True, alpha, norm))
+def _parent_rows(parent: np.ndarray, beam: int) -> np.ndarray:
+    """(sentences, beam) beam slots -> (rows,) row indices of the previous step."""
+    return (np.arange(len(parent))[:, None] * beam + parent).reshape(-1)
 
 
-def _advance(state: _Beams, cand: _Candidates, order: Tensor, eos_id: int) -> Tensor:
-    """Make the selected candidates the new beam; returns (rows,) the parent row of each new row."""
+def _collect_finished(state: _Beams, step: _StepOnHost, beam: int, finished: list[list[Hypothesis]], alpha: float,
+                      norm: LengthNorm) -> None:
+    """Turn this step's EOS candidates (``step.finishing``) into finished hypotheses (``state.tokens`` is the
+    previous step's)."""
+    for i, j in zip(*np.nonzero(step.finishing)):
+        tokens = state.tokens[i * beam + step.cand_parent[i, j]].tolist()
+        finished[state.sentences[i]].append(_finalize(tokens, float(step.cand_log_prob[i, j]), True, alpha, norm))
+
+
+def _advance(state: _Beams, cand: _Candidates, order: Tensor, finishing: Tensor,
+             eos_id: int) -> tuple[Tensor, _StepOnHost]:
+    """Make the selected candidates the new beam on the device; returns (rows,) the parent row of each new row
+    and the step's decisions on the host."""
     n, beam = order.shape
     parent = cand.parent.gather(1, order)  # (sentences, beam)
     token = cand.token.gather(1, order)  # (sentences, beam)
@@ -295,24 +336,25 @@ def _advance(state: _Beams, cand: _Candidates, order: Tensor, eos_id: int) -> Te
     state.log_prob = log_prob.masked_fill(token == eos_id, -math.inf)  # EOS only as filler: an empty slot
     rows = (torch.arange(n, device=order.device).unsqueeze(1) * beam + parent).flatten()  # (rows,)
     state.prefix = torch.cat([state.prefix.index_select(0, rows), token.view(-1, 1)], dim=1)  # (rows, step + 1)
-    return rows
+    return rows, _StepOnHost.fetch(cand, finishing, token, parent, state.log_prob)
 
 
-def _collect_at_limit(state: _Beams, limits: list[int], finished: list[list[Hypothesis]], beam: int,
-                      n_best: int, alpha: float, norm: LengthNorm) -> list[bool]:
-    """Which live sentences are done; those at their length limit finalize their alive hypotheses."""
-    n_generated = state.prefix.size(1) - 1
-    alive_best = state.log_prob.max(dim=1).values.tolist()  # (sentences,)
+def _collect_at_limit(state: _Beams, log_prob: np.ndarray, limits: list[int], finished: list[list[Hypothesis]],
+                      beam: int, n_best: int, alpha: float, norm: LengthNorm) -> list[bool]:
+    """Which live sentences are done; those at their length limit finalize their alive hypotheses.
+
+    ``log_prob`` is the host copy of ``state.log_prob`` (sentences, beam)."""
+    n_generated = state.tokens.shape[1]
+    alive_best = log_prob.max(axis=1)  # (sentences,)
     done: list[bool] = []
     for i, s in enumerate(state.sentences):
         if n_generated >= limits[s]:
-            for b, lp in enumerate(state.log_prob[i].tolist()):
+            for b, lp in enumerate(log_prob[i].tolist()):
                 if lp > -math.inf:
-                    tokens = state.prefix[i * beam + b, 1:].tolist()
-                    finished[s].append(_finalize(tokens, lp, False, alpha, norm))
+                    finished[s].append(_finalize(state.tokens[i * beam + b].tolist(), lp, False, alpha, norm))
             done.append(True)
         else:
-            done.append(_sentence_done(finished[s], alive_best[i], beam, n_best, limits[s], alpha, norm))
+            done.append(_sentence_done(finished[s], float(alive_best[i]), beam, n_best, limits[s], alpha, norm))
     return done
 
 

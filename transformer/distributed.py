@@ -65,6 +65,9 @@ def init_distributed(device_kind: str | torch.device) -> DistContext:
         if device.index is not None and device_kind != "auto":
             raise ValueError(f"device={device_kind!r} under torchrun: use device=cuda "
                              "(each rank takes cuda:LOCAL_RANK)")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(f"torchrun started local rank {local_rank} but only {torch.cuda.device_count()} GPU(s) "
+                             "are visible: start at most one process per GPU (--nproc_per_node), or use device=cpu")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"

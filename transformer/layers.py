@@ -116,7 +116,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None, self_mask: Tensor | None, cross_mask: Tensor | None,
                 self_cache: KVCache | None = None, cross_cache: KVCache | None = None,
-                need_weights: bool = False) -> DecoderLayerOutput:
+                need_weights: bool = False, causal: bool = False) -> DecoderLayerOutput:
         """One decoder layer.
 
         Args:
@@ -127,9 +127,12 @@ class DecoderLayer(nn.Module):
             self_cache: growing K/V of earlier target positions (None: no caching).
             cross_cache: static K/V of the memory from ``cross_attn.project_key_value``.
             need_weights: return both attention weight tensors.
+            causal: plain causal self-attention instead of ``self_mask`` (which must be None); exact at the
+                real positions of right-padded targets.
         """
         h = self.self_block.inner(x)
-        self_out = self.self_attn(h, h, h, mask=self_mask, need_weights=need_weights, cache=self_cache)
+        self_out = self.self_attn(h, h, h, mask=self_mask, need_weights=need_weights, cache=self_cache,
+                                  is_causal=causal)
         x = self.self_block.outer(x, self_out.output)
         h = self.cross_block.inner(x)
         cross_out = self.cross_attn(h, memory, memory, mask=cross_mask, need_weights=need_weights,

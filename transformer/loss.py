@@ -66,7 +66,8 @@ def label_smoothed_sums(logits: Tensor, target: Tensor, *, smoothing: float, pad
 
 
 def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
-                                  smoothing: float, pad_id: int, chunk_size: int = 512) -> tuple[Tensor, Tensor]:
+                                  smoothing: float, pad_id: int, chunk_size: int = 512,
+                                  positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """:func:`label_smoothed_sums` of ``F.linear(hidden, weight, bias)``, without materialising the logits.
 
     The output projection and the loss run ``chunk_size`` real target positions at a time; padding positions
@@ -81,7 +82,10 @@ def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor |
         target: (batch, tgt_len) gold ids; positions equal to ``pad_id`` are ignored.
         smoothing: eps in [0, 1).
         pad_id: the padding id.
-        chunk_size: positions per chunk.
+        chunk_size: positions per chunk (a GPU takes a whole batch in one or two chunks; a CPU runs faster
+            when a chunk's logits stay in its caches).
+        positions: (n,) flat indices into (batch * tgt_len) of the real target positions, as ``collate`` makes
+            them; given, the padding is dropped by an index (no device-to-host wait), else by ``pad_id``.
 
     Returns:
         ``(loss_sum, nll_sum)`` as float32 (float64 for float64 inputs) scalars; only ``loss_sum`` carries a
@@ -94,8 +98,11 @@ def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor |
             f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} disagree; "
             "expected (batch, tgt_len, d_model) and (batch, tgt_len)"
         )
-    keep = target.ne(pad_id)
-    return _ProjectedLabelSmoothedLoss.apply(hidden[keep], weight, bias, target[keep], smoothing, chunk_size)
+    if positions is None:
+        positions = target.flatten().ne(pad_id).nonzero().squeeze(1)  # (n,); waits for the device
+    hidden = hidden.flatten(0, 1).index_select(0, positions)  # (n, d_model)
+    target = target.flatten().index_select(0, positions)  # (n,)
+    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, target, smoothing, chunk_size)
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):

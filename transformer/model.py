@@ -161,12 +161,14 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
         """Training path: src (batch, src_len), tgt_in (batch, tgt_len) -> logits (batch, tgt_len, tgt_vocab).
 
-        With ``project=False`` it stops before the output projection and returns the decoder states
-        (batch, tgt_len, d_model), for a loss that applies :meth:`output_layer` itself.
+        ``tgt_in`` must be right-padded (as ``collate`` makes it): decoder self-attention is plainly causal,
+        with no padding mask, which is exact at every real position and lets the fused kernels run flash
+        attention; rows at padding positions are not meaningful. With ``project=False`` it stops before the
+        output projection and returns the decoder states (batch, tgt_len, d_model), for a loss that applies
+        :meth:`output_layer` itself.
         """
-        if project:
-            return self.decode(tgt_in, self.encode(src)).logits
-        return self._decoder_states(tgt_in, self.encode(src), None, False)[0]
+        hidden = self._decoder_states(tgt_in, self.encode(src), None, False, causal=True)[0]
+        return self.project(hidden) if project else hidden
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """src (batch, src_len) ids -> :class:`EncoderOutput` (memory, padding mask, optional weights)."""
@@ -204,9 +206,15 @@ class Transformer(nn.Module):
                              cross_w if need_weights else None)
 
     def _decoder_states(self, tgt_in: Tensor, encoder_out: EncoderOutput, cache: DecoderCache | None,
-                        need_weights: bool) -> tuple[Tensor, DecoderCache | None, list[Tensor], list[Tensor]]:
-        """:meth:`decode` up to the output projection: states (batch, tgt_len, d_model), cache, weights."""
-        if cache is None:
+                        need_weights: bool, causal: bool = False
+                        ) -> tuple[Tensor, DecoderCache | None, list[Tensor], list[Tensor]]:
+        """:meth:`decode` up to the output projection: states (batch, tgt_len, d_model), cache, weights.
+
+        ``causal`` (training, right-padded ``tgt_in``, no cache) replaces the padding-aware self-attention mask by
+        plain causal attention (see :meth:`forward`)."""
+        if causal:
+            offset, tgt_valid, self_mask = 0, None, None
+        elif cache is None:
             offset, tgt_valid = 0, None
             self_mask = decoder_self_mask(tgt_in, self.pad_id)  # (batch, 1, tgt_len, tgt_len)
         else:
@@ -220,7 +228,8 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder.layers):
             out = layer(x, encoder_out.memory, self_mask, encoder_out.src_mask,
                         self_cache=None if cache is None else cache.self_attn[i],
-                        cross_cache=None if cache is None else cache.cross_attn[i], need_weights=need_weights)
+                        cross_cache=None if cache is None else cache.cross_attn[i], need_weights=need_weights,
+                        causal=causal)
             x = out.x
             if out.self_cache is not None:
                 new_self.append(out.self_cache)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from transformer.config import Precision
+from transformer.config import Precision, TrainingConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,14 @@ def choose_device(name: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"device={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
     return device
+
+
+def pad_to_multiple(cfg: TrainingConfig, device: torch.device) -> int:
+    """``training.pad_to_multiple``, or when unset 8 on CUDA (tensor-core friendly shapes, few distinct
+    shapes) and 1 on CPU (no padding to pay for)."""
+    if cfg.pad_to_multiple is not None:
+        return cfg.pad_to_multiple
+    return 8 if device.type == "cuda" else 1
 
 
 def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:

@@ -14,8 +14,18 @@ epoch, sampler position (mid-epoch included), per-rank RNG states and early-stop
 from one and training on reproduces the parameters of an uninterrupted run (CPU; GPU kernels may be
 non-deterministic unless ``training.deterministic``).
 
-Ctrl-C: the first SIGINT lets the current step finish, writes ``last.pt`` and raises KeyboardInterrupt;
-a second one aborts at once without saving.
+Host work per step: batches are collated with numpy ahead of the step (on CUDA in a background thread, into
+pinned memory, copied with ``non_blocking``); the step's statistics stay on the device and are read (one
+device-to-host wait, and under DDP one all-reduce) only at a *check*: every step on a CPU, where reading costs
+nothing, and every ``log_every_steps`` steps on a GPU, plus before every validation, checkpoint and stop. A
+non-finite loss or gradient norm never reaches the weights: the fused optimizer skips that update on the device
+(the flag PyTorch's GradScaler uses), and the next check raises ``TrainingDiverged``.
+
+Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
+position) without validating, so a crash loses at most that interval.
+
+Ctrl-C: the first SIGINT lets the steps up to the next check finish (one step on a CPU), writes ``last.pt``
+and raises KeyboardInterrupt; a second one aborts at once without saving.
 
 DDP: validation runs on rank 0 only while the other ranks wait for its metrics (``broadcast_object``), so
 every rank takes the same early-stopping decision; only rank 0 logs and writes files.
@@ -37,6 +47,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer import distributed
+from transformer.batching import Prefetcher
 from transformer.checkpoint import TRAINER_KEYS, CheckpointManager, check_plain
 from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
@@ -58,9 +69,12 @@ class BatchLike(Protocol):
     src: torch.Tensor  # (batch, src_len)
     tgt_in: torch.Tensor  # (batch, tgt_len)
     tgt_out: torch.Tensor  # (batch, tgt_len)
+    target_positions: torch.Tensor  # (n_tgt_tokens,) flat indices of real tgt_out positions
     n_tgt_tokens: int
 
-    def to(self, device: torch.device) -> BatchLike: ...
+    def to(self, device: torch.device, non_blocking: bool = False) -> BatchLike: ...
+
+    def pin_memory(self) -> BatchLike: ...
 
 
 class SamplerLike(Protocol):
@@ -87,12 +101,35 @@ class TrainResult:
 
 @dataclass
 class _Window:
-    """Training statistics summed since the last log line."""
+    """Training statistics since the last log line; ``sums`` stays on the device until a check reads it."""
 
-    loss_sum: float = 0.0
-    nll_sum: float = 0.0
-    tokens: float = 0.0
+    sums: torch.Tensor  # (4,): loss sum, NLL sum, non-finite steps, last gradient norm
+    tokens: float = 0.0  # this rank's target tokens
+    first_step: int = 1
     started: float = field(default_factory=time.perf_counter)
+
+    def add(self, stats: torch.Tensor, tokens: int) -> None:
+        """Add one step's (loss sum, NLL sum, non-finite flag, gradient norm) and its token count."""
+        self.sums[:3] += stats[:3]
+        self.sums[3] = stats[3]
+        self.tokens += tokens
+
+    def reset(self, step: int) -> None:
+        self.sums.zero_()
+        self.tokens, self.first_step, self.started = 0.0, step + 1, time.perf_counter()
+
+
+@dataclass
+class _Check:
+    """What a check read (summed over ranks): the window's statistics and the stop/save flags."""
+
+    loss_sum: float
+    nll_sum: float
+    grad_norm: float
+    tokens: float
+    interrupt: bool
+    late: bool
+    save_due: bool
 
 
 class Trainer:
@@ -138,6 +175,12 @@ class Trainer:
         forward_module = self._ddp if self._ddp is not None else self.model
         self._forward = torch.compile(forward_module) if cfg.compile else forward_module
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        on_cpu = device.type == "cpu"
+        self._check_every = 1 if on_cpu else cfg.log_every_steps  # steps between device-to-host reads
+        self._loss_chunk = 512 if on_cpu else 8192  # CPU: a chunk's logits stay in cache; GPU: one kernel
+        self._skip_on_device = bool(optimizer.defaults.get("fused"))  # the fused step honours found_inf
+        self._sampler_state = sampler.state_dict()  # as of the last batch trained on (the sampler may run ahead)
+        self._last_save = time.monotonic()
         self.step = 0  # optimizer steps completed
         self.epoch = 0  # epoch in progress (0-based)
         self.best_bleu: float | None = None
@@ -183,7 +226,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
-            "sampler": self.sampler.state_dict(),
+            "sampler": dict(self._sampler_state),
             "rng": rng,
             "best_bleu": self.best_bleu,
             "best_step": self.best_step,
@@ -201,6 +244,7 @@ class Trainer:
         self.step = int(checkpoint["step"])
         self.epoch = int(checkpoint["epoch"])
         self.sampler.load_state_dict(checkpoint["sampler"])
+        self._sampler_state = self.sampler.state_dict()
         self._sampler_positioned = True
         self.best_bleu = checkpoint["best_bleu"]
         self.best_step = checkpoint["best_step"]
@@ -217,12 +261,14 @@ class Trainer:
     def save_now(self, reason: str, *, is_best: bool = False) -> None:
         """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
 
-        ``reason == "interrupt"`` writes only ``last.pt``; other reasons also add a rotated ``step_{N}.pt``.
+        ``"validation"`` and ``"final"`` also add a rotated ``step_{N}.pt``; ``"interrupt"`` and ``"scheduled"``
+        (``save_every_steps`` / ``save_every_minutes``) write only ``last.pt``.
         """
         state = self.state_dict()
+        self._last_save = time.monotonic()
         if self.dist.is_main:
             path = self.checkpoints.save({**state, "reason": reason}, self.step, is_best=is_best,
-                                         periodic=reason != "interrupt")
+                                         periodic=reason in ("validation", "final"))
             log.info("step %d: saved %s (%s%s)", self.step, path, reason, ", best" if is_best else "")
         distributed.barrier()  # nobody exits (and makes torchrun kill rank 0) before the file is complete
 
@@ -265,53 +311,89 @@ class Trainer:
             if not self._sampler_positioned:
                 self.sampler.set_epoch(self.epoch)
             self._sampler_positioned = False
+            self._sampler_state = self.sampler.state_dict()
             reason = self._run_epoch()
             if reason is not None:
                 return reason
             self.epoch += 1
             self.sampler.set_epoch(self.epoch)  # checkpoints written now resume at the next epoch's start
+            self._sampler_state = self.sampler.state_dict()
             self._sampler_positioned = True
             if cfg.validate_every_steps is None and self._validate_and_save():
                 return "early_stopping"
         return "max_epochs"
+
+    def _batches(self) -> Iterator[tuple[BatchLike, dict]]:
+        """This epoch's remaining batches, each with the sampler state right after it (what a checkpoint saves
+        once it is trained on); on CUDA collated ahead by a thread, into pinned memory."""
+        if self.device.type != "cuda":
+            return ((self.collate_fn(indices), self.sampler.state_dict()) for indices in self.sampler)
+        pinned = ((self.collate_fn(indices).pin_memory(), self.sampler.state_dict()) for indices in self.sampler)
+        return Prefetcher(pinned, depth=4)
 
     def _run_epoch(self) -> str | None:
         """The steps of one epoch (from the sampler's position); a stop reason, or None at the epoch's end."""
         cfg = self.cfg
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
             return "max_steps"
-        per_epoch = self.steps_per_epoch
-        batches = iter(self.sampler)
-        bar = ProgressBar(per_epoch, enabled=cfg.progress_bar and self.dist.is_main, desc=f"epoch {self.epoch + 1}")
-        window = _Window()
+        batches = self._batches()
+        bar = ProgressBar(self.steps_per_epoch, enabled=cfg.progress_bar and self.dist.is_main,
+                          desc=f"epoch {self.epoch + 1}")
+        window = _Window(torch.zeros(4, device=self.device), first_step=self.step + 1)
         try:
             while group := list(itertools.islice(batches, cfg.accumulate)):
-                stats = self.train_step(group)
+                stats, tokens = self.train_step([batch for batch, _ in group])
                 self.step += 1
-                self._account(stats, window, bar)
-                if stats["interrupt"]:
-                    self.save_now("interrupt")
-                    raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {self.checkpoints.last_path}")
-                if cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0:
-                    if self._validate_and_save():
-                        return "early_stopping"
-                    window.started = time.perf_counter()
-                if cfg.max_steps is not None and self.step >= cfg.max_steps:
-                    return "max_steps"
-                if stats["out_of_time"]:
-                    return "max_minutes"
+                self._sampler_state = group[-1][1]
+                window.add(stats, tokens)
+                bar.update(1)
+                reason = self._after_step(window, bar)
+                if reason is not None:
+                    return reason
+            self._check(window, bar)  # the epoch's last steps are read before validation or a checkpoint
         finally:
+            if isinstance(batches, Prefetcher):
+                batches.close()
             bar.close()
         return None
 
-    def train_step(self, group: list[list[int]]) -> dict[str, float]:
-        """One optimizer step over the micro-batches ``group`` (index lists, collated here, so the data pipeline
-        is part of a step); returns summed statistics (all ranks). ``fit`` calls it; so does the benchmark."""
+    def _after_step(self, window: _Window, bar: ProgressBar) -> str | None:
+        """Checks, logging, validation and scheduled checkpoints after a step; a stop reason or None."""
+        cfg = self.cfg
+        validate = cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0
+        save = cfg.save_every_steps is not None and self.step % cfg.save_every_steps == 0
+        last = cfg.max_steps is not None and self.step >= cfg.max_steps
+        if not (validate or save or last or self.step % self._check_every == 0):
+            return None
+        check = self._check(window, bar)
+        if check.interrupt:
+            self.save_now("interrupt")
+            raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {self.checkpoints.last_path}")
+        if validate:
+            if self._validate_and_save():
+                return "early_stopping"
+            window.started = time.perf_counter()
+        elif (save or check.save_due) and not last:  # at the last step the final validation saves
+            self.save_now("scheduled")
+        if last:
+            return "max_steps"
+        return "max_minutes" if check.late else None
+
+    def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
+        """One optimizer step over the collated micro-batches ``batches``; ``fit`` calls it, so does the benchmark.
+
+        Returns:
+            The step's statistics on the device, (4,): loss sum and NLL sum (this rank), 1.0 if the loss or the
+            gradient norm is not finite (then the update was skipped), the gradient norm before clipping; and
+            this rank's target token count.
+        """
         self._in_step = True
-        batches = [self.collate_fn(indices) for indices in group]
-        tokens = distributed.all_reduce_sum(float(sum(b.n_tgt_tokens for b in batches)))
-        if tokens <= 0:
+        local_tokens = sum(b.n_tgt_tokens for b in batches)
+        if local_tokens <= 0:
             raise ValueError(f"step {self.step + 1}: the batches hold no target tokens")
+        tokens: torch.Tensor | float = float(local_tokens)
+        if self.dist.world_size > 1:  # stays on the device: no wait for the sum
+            tokens = distributed.all_reduce_sum(torch.tensor(tokens, device=self.device))
         scale = self.dist.world_size / tokens  # DDP averages gradients over ranks; undo that, then per token
         lr = learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
                            warmup_steps=self.cfg.warmup_steps, max_steps=self.schedule_steps, min_lr=self.cfg.min_lr)
@@ -319,7 +401,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(2, device=self.device)  # (loss_sum, nll_sum)
         for i, batch in enumerate(batches):
-            batch = batch.to(self.device)
+            batch = batch.to(self.device, non_blocking=True)
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if self._ddp is None or last else self._ddp.no_sync()
             with sync:
@@ -327,25 +409,23 @@ class Trainer:
                     hidden = self._forward(batch.src, batch.tgt_in, project=False)  # (batch, tgt_len, d_model)
                     loss_sum, nll_sum = projected_label_smoothed_sums(
                         hidden, *self.model.output_layer(), batch.tgt_out, smoothing=self.cfg.label_smoothing,
-                        pad_id=self.pad_id)
+                        pad_id=self.pad_id, chunk_size=self._loss_chunk, positions=batch.target_positions)
                 (loss_sum * scale).backward()
             sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
-        grad_norm = self._clip_gradients()
-        flags = [float(self._interrupt_requested), float(self._out_of_time())]
-        packed = torch.cat([sums, grad_norm.float().reshape(1).to(self.device),
-                            torch.tensor(flags, device=self.device)])
-        loss_total, nll_total, norm, interrupt, late = distributed.all_reduce_sum(packed).tolist()
-        norm /= self.dist.world_size  # identical on every rank after DDP's all-reduce
-        if not (math.isfinite(loss_total) and math.isfinite(norm)):
-            raise TrainingDiverged(
-                f"step {self.step + 1}: loss per token {loss_total / tokens}, gradient norm {norm}; stopping. "
-                f"The last good checkpoint ({self.checkpoints.last_path}) was not overwritten; lower training.lr, "
-                "raise training.warmup_steps or set training.clip_grad_norm."
-            )
-        self.optimizer.step()
+        grad_norm = self._clip_gradients().float().reshape(())
+        nonfinite = (~(torch.isfinite(sums[0]) & torch.isfinite(grad_norm))).float()
+        self._optimizer_step(nonfinite)
         self._in_step = False
-        return {"loss_sum": loss_total, "nll_sum": nll_total, "tokens": tokens, "grad_norm": norm, "lr": lr,
-                "interrupt": interrupt > 0, "out_of_time": late > 0}
+        return torch.cat([sums, nonfinite.reshape(1), grad_norm.reshape(1)]), local_tokens
+
+    def _optimizer_step(self, nonfinite: torch.Tensor) -> None:
+        """Apply the update unless ``nonfinite`` (a device scalar) is 1: decided on the device for the fused
+        optimizer (no wait), on the host otherwise."""
+        if self._skip_on_device:
+            self.optimizer.found_inf = nonfinite
+            self.optimizer.step()
+        elif not nonfinite.item():
+            self.optimizer.step()
 
     def _clip_gradients(self) -> torch.Tensor:
         """Clip to ``cfg.clip_grad_norm`` (if set); the total norm before clipping either way."""
@@ -358,29 +438,49 @@ class Trainer:
         limit = self.cfg.max_minutes
         return limit is not None and time.monotonic() - self._started >= limit * 60.0
 
-    def _account(self, stats: dict[str, float], window: _Window, bar: ProgressBar) -> None:
-        """Add a step to the logging window; log and reset it every ``log_every_steps``."""
-        window.loss_sum += stats["loss_sum"]
-        window.nll_sum += stats["nll_sum"]
-        window.tokens += stats["tokens"]
-        bar.update(1, loss=stats["loss_sum"] / stats["tokens"])
-        if self.step % self.cfg.log_every_steps != 0 or not self.dist.is_main:
-            return
-        elapsed = max(time.perf_counter() - window.started, 1e-9)
-        values = {
-            "loss": window.loss_sum / window.tokens,
-            "nll": window.nll_sum / window.tokens,
-            "lr": stats["lr"],
-            "grad_norm": stats["grad_norm"],
-            "tokens_per_s": window.tokens / elapsed,
-        }
-        values["ppl"] = math.exp(min(values["nll"], 50.0))
-        self.tracker.scalars(values, self.step, prefix="train")
-        bar.update(0, loss=values["loss"], tokens_per_s=values["tokens_per_s"])
-        log.info("epoch %d step %d: loss %.4f ppl %.2f lr %.3g grad_norm %.3f %.0f tok/s", self.epoch + 1,
-                 self.step, values["loss"], values["ppl"], values["lr"], values["grad_norm"], values["tokens_per_s"])
-        window.loss_sum = window.nll_sum = window.tokens = 0.0
-        window.started = time.perf_counter()
+    def _save_due_by_time(self) -> bool:
+        minutes = self.cfg.save_every_minutes
+        return minutes is not None and time.monotonic() - self._last_save >= minutes * 60.0
+
+    def _check(self, window: _Window, bar: ProgressBar) -> _Check:
+        """Read the window and the flags (summed over ranks: one wait for the device), stop on divergence, and
+        log when a log step has come."""
+        flags = [float(self._interrupt_requested), float(self._out_of_time()), float(self._save_due_by_time()),
+                 window.tokens]
+        packed = torch.cat([window.sums, torch.tensor(flags, device=self.device)])
+        loss_sum, nll_sum, nonfinite, norm, interrupt, late, save_due, tokens = \
+            distributed.all_reduce_sum(packed).tolist()
+        norm /= self.dist.world_size  # identical on every rank after DDP's all-reduce
+        if nonfinite > 0 or not math.isfinite(loss_sum):
+            raise TrainingDiverged(
+                f"step {self.step}: loss per token {loss_sum / max(tokens, 1.0)}, gradient norm {norm}, "
+                f"{nonfinite:.0f} non-finite step(s) since step {window.first_step}; stopping. Their updates were "
+                f"skipped and the last good checkpoint ({self.checkpoints.last_path}) was not overwritten; lower "
+                "training.lr, raise training.warmup_steps or set training.clip_grad_norm."
+            )
+        check = _Check(loss_sum, nll_sum, norm, tokens, interrupt > 0, late > 0, save_due > 0)
+        if self.step % self.cfg.log_every_steps == 0 and tokens > 0:
+            self._log(check, window, bar)
+        return check
+
+    def _log(self, check: _Check, window: _Window, bar: ProgressBar) -> None:
+        """Log the window (rank 0) and start a new one."""
+        if self.dist.is_main:
+            elapsed = max(time.perf_counter() - window.started, 1e-9)
+            values = {
+                "loss": check.loss_sum / check.tokens,
+                "nll": check.nll_sum / check.tokens,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": check.grad_norm,
+                "tokens_per_s": check.tokens / elapsed,
+            }
+            values["ppl"] = math.exp(min(values["nll"], 50.0))
+            self.tracker.scalars(values, self.step, prefix="train")
+            bar.update(0, loss=values["loss"], tokens_per_s=values["tokens_per_s"])
+            log.info("epoch %d step %d: loss %.4f ppl %.2f lr %.3g grad_norm %.3f %.0f tok/s", self.epoch + 1,
+                     self.step, values["loss"], values["ppl"], values["lr"], values["grad_norm"],
+                     values["tokens_per_s"])
+        window.reset(self.step)
 
     # ---------------------------------------------------------------------------------------------
     # Validation, early stopping, interrupts

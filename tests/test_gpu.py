@@ -8,11 +8,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from test_decoding import REAL, tiny_model, varied_sources
-from toy_training import PAD, copy_pairs, make_trainer, toy_collate, training_config
+from toy_training import copy_pairs, make_trainer, toy_collate, training_config
 from transformer.config import LengthNorm, Precision
 from transformer.decoding import beam_search, greedy_search
 from transformer.distributed import DistContext
-from transformer.loss import projected_label_smoothed_sums
 from transformer.runtime import autocast
 
 pytestmark = [
@@ -28,9 +27,8 @@ def _cuda() -> DistContext:
 def _loss_and_grads(model: torch.nn.Module, batch, precision: Precision) -> tuple[float, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     with autocast(torch.device("cuda"), precision):
-        hidden = model(batch.src, batch.tgt_in, project=False)
-        loss_sum, _ = projected_label_smoothed_sums(hidden, *model.output_layer(), batch.tgt_out, smoothing=0.1,
-                                                    pad_id=PAD, chunk_size=8192, positions=batch.target_positions)
+        loss_sum, _ = model(batch.src, batch.tgt_in, batch.tgt_out, target_positions=batch.target_positions,
+                            label_smoothing=0.1, loss_chunk=8192)
     loss_sum.backward()
     grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
     return loss_sum.item() / batch.n_tgt_tokens, grads

@@ -93,7 +93,8 @@ def test_nan_loss_stops_without_overwriting_last_good_checkpoint(tmp_path):
         poison["on"] = call >= 4
 
     trainer = make_trainer(tmp_path, cfg, PAIRS, collate_hook=poison_at)
-    trainer.model.register_forward_hook(lambda module, args, out: out * float("nan") if poison["on"] else out)
+    trainer.model.decoder.embed.register_forward_hook(
+        lambda module, args, out: out * float("nan") if poison["on"] else out)
     last = tmp_path / "checkpoints" / "last.pt"
     with pytest.raises(TrainingDiverged, match="step 4.*not overwritten"):
         trainer.fit()
@@ -236,7 +237,8 @@ def test_a_late_check_still_keeps_non_finite_updates_out_of_the_weights(tmp_path
 
     trainer = make_trainer(tmp_path, cfg, PAIRS, collate_hook=poison_at)
     trainer._check_every = 4
-    trainer.model.register_forward_hook(lambda module, args, out: out * float("nan") if poison["on"] else out)
+    trainer.model.decoder.embed.register_forward_hook(
+        lambda module, args, out: out * float("nan") if poison["on"] else out)
     with pytest.raises(TrainingDiverged, match=r"step 4: .*1 non-finite step\(s\) since step 1"):
         trainer.fit()
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())

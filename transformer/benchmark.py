@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import platform
 import resource
 import tempfile
 import time
@@ -75,6 +76,19 @@ def matmul_peak(device: torch.device, size: int, repeats: int = 10) -> float:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model from /proc/cpuinfo (else the platform's processor string)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -178,7 +192,8 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
         peak = matmul_peak(device, cfg.matmul_size)
         decoding = benchmark_decoding(cfg, device, Path(scratch))
     result = {
-        "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
         "model": to_plain_dict(cfg.model),
         "max_tokens": cfg.training.max_tokens, "training": asdict(speed), "matmul_flops": peak,
         "mfu": speed.achieved_flops / peak, "decoding": decoding, "peak_memory_mb": peak_memory_mb(device),
@@ -193,13 +208,13 @@ def markdown_report(result: dict[str, Any]) -> str:
     """The benchmark as markdown tables."""
     t = result["training"]
     lines = [
-        f"Device {result['device']}, {result['threads']} threads, torch {result['torch']}, "
+        f"Device {result['device']} ({result['device_name']}), {result['threads']} threads, torch {result['torch']}, "
         f"max_tokens {result['max_tokens']}, peak memory {result['peak_memory_mb']:.0f} MiB",
         "",
         "| training | value |", "| --- | --- |",
         f"| target tokens/s | {t['tgt_tokens_per_s']:,.0f} |",
         f"| source+target tokens/s | {t['src_tgt_tokens_per_s']:,.0f} |",
-        f"| seconds per step | {t['seconds'] / t['steps']:.3f} |",
+        f"| milliseconds per step | {1000 * t['seconds'] / t['steps']:.1f} |",
         f"| training FLOPs per target token | {t['flops_per_tgt_token'] / 1e6:.1f} M |",
         f"| achieved | {t['achieved_flops'] / 1e9:.1f} GFLOP/s |",
         f"| matmul peak | {result['matmul_flops'] / 1e9:.1f} GFLOP/s |",

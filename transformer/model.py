@@ -1,9 +1,10 @@
 """The encoder-decoder Transformer (Vaswani et al., 2017): Encoder, Decoder, ``Transformer``, ``build_model``.
 
-``Transformer.forward(src, tgt_in) -> logits`` is the training path (DDP hooks run only through it); the
-trainer asks it for the decoder states (``project=False``) and applies ``output_layer`` inside the loss. Decoding
-calls ``encode`` / ``init_cache`` / ``decode`` on the unwrapped module. Nothing is stored on
-modules between calls: attention weights and the KV cache are returned explicitly.
+``Transformer.forward`` is the training path (DDP hooks run only through it): ``model(src, tgt_in)`` returns
+logits, and ``model(src, tgt_in, tgt_out)`` the summed label-smoothed loss (:mod:`transformer.loss`, with the
+output projection fused into it so the logits are never held whole). Decoding calls ``encode`` /
+``init_cache`` / ``decode`` on the unwrapped module. Nothing is stored on modules between calls: attention
+weights and the KV cache are returned explicitly.
 
 Shape legend: batch, src_len, tgt_len, d_model, heads, d_head, vocab (src_vocab / tgt_vocab).
 """
@@ -20,6 +21,7 @@ from transformer.attention import KVCache
 from transformer.config import ConfigError, ModelConfig, NormPosition
 from transformer.embeddings import Embeddings, TokenEmbedding
 from transformer.layers import DecoderLayer, EncoderLayer, LayerSizes
+from transformer.loss import projected_label_smoothed_sums
 from transformer.masks import cached_decoder_self_mask, decoder_self_mask, padding_mask
 
 
@@ -100,6 +102,16 @@ class Encoder(nn.Module):
         return (self.norm(x) if self.norm is not None else x), weights
 
 
+@dataclass
+class DecoderStates:
+    """What :class:`Decoder` returns."""
+
+    hidden: Tensor  # (batch, tgt_len, d_model), before the output projection
+    self_caches: list[KVCache] | None  # per layer, extended by the new positions, when caches were given
+    self_attentions: list[Tensor]  # per layer (batch, heads, tgt_len, total_tgt_len) when need_weights, else []
+    cross_attentions: list[Tensor]  # per layer (batch, heads, tgt_len, src_len) when need_weights, else []
+
+
 class Decoder(nn.Module):
     """Embeddings, N decoder layers and (with pre-norm) a final LayerNorm; returns hidden states."""
 
@@ -108,6 +120,35 @@ class Decoder(nn.Module):
         self.embed = embed
         self.layers = nn.ModuleList(DecoderLayer(_sizes(cfg)) for _ in range(cfg.n_decoder_layers))
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm is NormPosition.pre else None
+
+    def forward(self, tgt_in: Tensor, memory: Tensor, self_mask: Tensor | None, src_mask: Tensor, *,
+                offset: int = 0, caches: DecoderCache | None = None, need_weights: bool = False,
+                causal: bool = False) -> DecoderStates:
+        """tgt_in (batch, tgt_len) at positions ``offset…`` -> :class:`DecoderStates`.
+
+        Args:
+            memory: (batch, src_len, d_model) encoder output (unused by layers with a cross cache).
+            self_mask: (batch, 1, tgt_len, total_tgt_len) bool, or None with ``causal``.
+            src_mask: (batch, 1, 1, src_len) bool, True = real source token.
+            caches: the self- and cross-attention caches of every layer (incremental decoding).
+            causal: plain causal self-attention (training on right-padded targets; see ``Transformer.forward``).
+        """
+        x = self.embed(tgt_in, offset)  # (batch, tgt_len, d_model)
+        self_caches: list[KVCache] = []
+        self_w: list[Tensor] = []
+        cross_w: list[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            out = layer(x, memory, self_mask, src_mask, self_cache=None if caches is None else caches.self_attn[i],
+                        cross_cache=None if caches is None else caches.cross_attn[i], need_weights=need_weights,
+                        causal=causal)
+            x = out.x
+            if out.self_cache is not None:
+                self_caches.append(out.self_cache)
+            if need_weights:
+                self_w.append(out.self_weights)
+                cross_w.append(out.cross_weights)
+        hidden = self.norm(x) if self.norm is not None else x
+        return DecoderStates(hidden, self_caches if caches is not None else None, self_w, cross_w)
 
 
 class Transformer(nn.Module):
@@ -158,17 +199,34 @@ class Transformer(nn.Module):
         """The target nn.Embedding (the same object as the source one with ``share_embeddings``)."""
         return self.decoder.embed.token.embedding
 
-    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
-        """Training path: src (batch, src_len), tgt_in (batch, tgt_len) -> logits (batch, tgt_len, tgt_vocab).
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None, *,
+                target_positions: Tensor | None = None, label_smoothing: float = 0.0,
+                loss_chunk: int = 512) -> Tensor | tuple[Tensor, Tensor]:
+        """The training path.
 
         ``tgt_in`` must be right-padded (as ``collate`` makes it): decoder self-attention is plainly causal,
         with no padding mask, which is exact at every real position and lets the fused kernels run flash
-        attention; rows at padding positions are not meaningful. With ``project=False`` it stops before the
-        output projection and returns the decoder states (batch, tgt_len, d_model), for a loss that applies
-        :meth:`output_layer` itself.
+        attention; rows at padding positions are not meaningful.
+
+        Args:
+            src: (batch, src_len) ids; tgt_in: (batch, tgt_len) BOS + target ids.
+            tgt_out: (batch, tgt_len) target + EOS ids; given, the loss is returned instead of the logits.
+            target_positions: (n,) flat indices of the real positions of ``tgt_out`` (``Batch.target_positions``;
+                without them the padding is found by ``pad_id``, which waits for the device).
+            label_smoothing: eps of the label-smoothed loss.
+            loss_chunk: positions per chunk of the fused projection + loss.
+
+        Returns:
+            logits (batch, tgt_len, tgt_vocab) without ``tgt_out``; with it ``(loss_sum, nll_sum)``, float32
+            scalars summed over the real positions (only ``loss_sum`` carries a gradient).
         """
-        hidden = self._decoder_states(tgt_in, self.encode(src), None, False, causal=True)[0]
-        return self.project(hidden) if project else hidden
+        encoded = self.encode(src)
+        hidden = self.decoder(tgt_in, encoded.memory, None, encoded.src_mask, causal=True).hidden
+        # hidden: (batch, tgt_len, d_model)
+        if tgt_out is None:
+            return self.project(hidden)
+        return projected_label_smoothed_sums(hidden, *self.output_layer(), tgt_out, smoothing=label_smoothing,
+                                             pad_id=self.pad_id, chunk_size=loss_chunk, positions=target_positions)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """src (batch, src_len) ids -> :class:`EncoderOutput` (memory, padding mask, optional weights)."""
@@ -200,46 +258,19 @@ class Transformer(nn.Module):
         Returns:
             :class:`DecoderOutput`; its ``cache`` is the extended cache (None when none was given).
         """
-        x, new_cache, self_w, cross_w = self._decoder_states(tgt_in, encoder_out, cache, need_weights)
-        logits = self.project(x)  # (batch, tgt_len, tgt_vocab)
-        return DecoderOutput(logits, new_cache, self_w if need_weights else None,
-                             cross_w if need_weights else None)
-
-    def _decoder_states(self, tgt_in: Tensor, encoder_out: EncoderOutput, cache: DecoderCache | None,
-                        need_weights: bool, causal: bool = False
-                        ) -> tuple[Tensor, DecoderCache | None, list[Tensor], list[Tensor]]:
-        """:meth:`decode` up to the output projection: states (batch, tgt_len, d_model), cache, weights.
-
-        ``causal`` (training, right-padded ``tgt_in``, no cache) replaces the padding-aware self-attention mask by
-        plain causal attention (see :meth:`forward`)."""
-        if causal:
-            offset, tgt_valid, self_mask = 0, None, None
-        elif cache is None:
+        if cache is None:
             offset, tgt_valid = 0, None
             self_mask = decoder_self_mask(tgt_in, self.pad_id)  # (batch, 1, tgt_len, tgt_len)
         else:
             offset = cache.length
             tgt_valid = torch.cat([cache.tgt_valid, tgt_in != self.pad_id], dim=1)  # (batch, total_tgt_len)
             self_mask = cached_decoder_self_mask(tgt_in.size(1), tgt_valid)  # (batch, 1, tgt_len, total_tgt_len)
-        x = self.decoder.embed(tgt_in, offset)  # (batch, tgt_len, d_model)
-        new_self: list[KVCache] = []
-        self_w: list[Tensor] = []
-        cross_w: list[Tensor] = []
-        for i, layer in enumerate(self.decoder.layers):
-            out = layer(x, encoder_out.memory, self_mask, encoder_out.src_mask,
-                        self_cache=None if cache is None else cache.self_attn[i],
-                        cross_cache=None if cache is None else cache.cross_attn[i], need_weights=need_weights,
-                        causal=causal)
-            x = out.x
-            if out.self_cache is not None:
-                new_self.append(out.self_cache)
-            if need_weights:
-                self_w.append(out.self_weights)
-                cross_w.append(out.cross_weights)
-        if self.decoder.norm is not None:
-            x = self.decoder.norm(x)
-        new_cache = None if cache is None else DecoderCache(new_self, cache.cross_attn, tgt_valid)
-        return x, new_cache, self_w, cross_w
+        states = self.decoder(tgt_in, encoder_out.memory, self_mask, encoder_out.src_mask, offset=offset, caches=cache,
+                              need_weights=need_weights)
+        new_cache = None if cache is None else DecoderCache(states.self_caches, cache.cross_attn, tgt_valid)
+        return DecoderOutput(self.project(states.hidden), new_cache,
+                             states.self_attentions if need_weights else None,
+                             states.cross_attentions if need_weights else None)
 
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
         """The pre-softmax projection's weight (tgt_vocab, d_model) and bias (None here)."""

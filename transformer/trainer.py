@@ -51,7 +51,6 @@ from transformer.batching import Prefetcher
 from transformer.checkpoint import TRAINER_KEYS, CheckpointManager, check_plain
 from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
-from transformer.loss import projected_label_smoothed_sums
 from transformer.optim import learning_rate, set_learning_rate
 from transformer.runtime import autocast, capture_rng_state, defer_sigint, restore_rng_state, seed_everything
 from transformer.tracking import ProgressBar, Tracker
@@ -406,10 +405,9 @@ class Trainer:
             sync = contextlib.nullcontext() if self._ddp is None or last else self._ddp.no_sync()
             with sync:
                 with autocast(self.device, self.cfg.precision):
-                    hidden = self._forward(batch.src, batch.tgt_in, project=False)  # (batch, tgt_len, d_model)
-                    loss_sum, nll_sum = projected_label_smoothed_sums(
-                        hidden, *self.model.output_layer(), batch.tgt_out, smoothing=self.cfg.label_smoothing,
-                        pad_id=self.pad_id, chunk_size=self._loss_chunk, positions=batch.target_positions)
+                    loss_sum, nll_sum = self._forward(
+                        batch.src, batch.tgt_in, batch.tgt_out, target_positions=batch.target_positions,
+                        label_smoothing=self.cfg.label_smoothing, loss_chunk=self._loss_chunk)
                 (loss_sum * scale).backward()
             sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
         grad_norm = self._clip_gradients().float().reshape(())

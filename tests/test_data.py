@@ -21,7 +21,10 @@ from transformer.data import (
     TranslationDataset,
     token_dtype,
     clean_pairs,
+    cleaning_mask,
     corpus_paths,
+    iter_line_blocks,
+    iter_parallel,
     load_split,
     prepare_multi30k,
     read_lines,
@@ -86,9 +89,41 @@ def test_different_line_counts_name_both_files_and_counts(tmp_path):
     assert read_parallel(src, _write(tmp_path / "ok.de", b"x\ny\nz")) == (["a", "b", "c"], ["x", "y", "z"])
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_line_blocks_split_only_at_newlines_and_bad_bytes_are_found_in_later_blocks(tmp_path, compress):
+    lines = [f"line {i} \u2028 ä" for i in range(300)]
+    path = _write(tmp_path / ("a.gz" if compress else "a.txt"), "\r\n".join(lines).encode(), compress)
+    blocks = list(iter_line_blocks(path, block_bytes=100))
+    assert len(blocks) > 10 and [line for block in blocks for line in block] == lines
+    data = b"".join(f"{line}\n".encode() for line in lines[:200]) + b"bad \xff\n"
+    path = _write(tmp_path / ("b.gz" if compress else "b.txt"), data, compress)
+    with pytest.raises(DataError) as info:
+        list(iter_line_blocks(path, block_bytes=100))
+    assert str(info.value).startswith(f"{path}:201: invalid UTF-8 at byte {len(data) - 2} (byte 4 of the line)")
+
+
+def test_iter_parallel_streams_aligned_chunks_up_to_max_pairs(tmp_path):
+    src = _write(tmp_path / "s.txt", "".join(f"s{i}\n" for i in range(10)).encode())
+    tgt = _write(tmp_path / "t.gz", "".join(f"t{i}\n" for i in range(10)).encode(), compress=True)
+    chunks = list(iter_parallel(src, tgt, chunk_lines=4))
+    assert [len(s) for s, _ in chunks] == [4, 4, 2] and chunks[2] == (["s8", "s9"], ["t8", "t9"])
+    assert list(iter_parallel(src, tgt, chunk_lines=4, max_pairs=5)) == [
+        (["s0", "s1", "s2", "s3"], ["t0", "t1", "t2", "t3"]), (["s4"], ["t4"])]
+    short = _write(tmp_path / "short.txt", b"x\n" * 6)
+    with pytest.raises(DataError, match=r"s\.txt has 10 lines but .*short\.txt has 6 lines \(line 7 has no partner\)"):
+        list(iter_parallel(src, short, chunk_lines=4, max_pairs=2))  # checked to the end, as read_parallel does
+
+
 # --------------------------------------------------------------------------------------------------
 # Cleaning
 # --------------------------------------------------------------------------------------------------
+
+
+def test_cleaning_mask_applies_the_rules_in_order():
+    keep, n_empty, n_long, n_ratio = cleaning_mask(np.array([0, 9, 9, 1, 2, 3]), np.array([5, 0, 1, 4, 6, 3]),
+                                                   max_len=8, max_len_ratio=3.0)
+    # empty (0 src), empty (0 tgt; also too long), too long, ratio 4 > 3, ratio 3 kept, equal kept
+    assert keep.tolist() == [False, False, False, False, True, True] and (n_empty, n_long, n_ratio) == (2, 1, 1)
 
 
 def test_clean_pairs_counts_every_rule():

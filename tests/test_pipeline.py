@@ -25,7 +25,8 @@ TOY = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=fals
 
 
 def _train(compose_config, toy_corpus: Path, run_dir: Path, *overrides: str) -> dict:
-    cfg = compose_config("train", [*TOY, f"data.dir={toy_corpus}", f"output_dir={run_dir}", *overrides])
+    cfg = compose_config("train", [*TOY, f"data.dir={toy_corpus}", f"data.cache_dir={toy_corpus.parent / 'cache'}",
+                                   f"output_dir={run_dir}", *overrides])
     return pipeline.train(OmegaConf.to_object(cfg))
 
 
@@ -89,6 +90,20 @@ def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
     assert lines[0].split() == ["a", "b", "c"]
 
 
+def test_prepared_data_is_what_training_reads(compose_config, toy_corpus, tmp_path, caplog):
+    cache = tmp_path / "cache"
+    prepare = compose_config("prepare_data", ["data=toy_copy", f"data.dir={toy_corpus}", f"data.cache_dir={cache}"])
+    with caplog.at_level("INFO"):
+        pipeline.prepare_data(OmegaConf.to_object(prepare))
+    assert "training data: encoded 400 pairs" in caplog.text
+    assert sorted(p.parent.parent.name for p in cache.glob("*/*/meta.json")) == ["corpus", "tokenizers"]
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1")
+    assert "tokenizers: cache hit" in caplog.text and "training data: cache hit, 400 pairs" in caplog.text
+    assert not (tmp_path / "run" / "tokenizer").exists()
+
+
 def test_missing_corpus_says_how_to_get_it(compose_config, tmp_path):
     cfg = compose_config("train", [*TOY, f"data.dir={tmp_path / 'nowhere'}", f"output_dir={tmp_path / 'out'}"])
     with pytest.raises(DataError, match="nowhere"):
@@ -145,11 +160,12 @@ def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
 
 @pytest.mark.slow
 def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path):
-    """The README's multi-device command on CPU (gloo): 2 ranks train, rank 0 writes the run directory."""
+    """The README's multi-device command on CPU (gloo; also on a one-GPU machine): 2 ranks train, rank 0 writes
+    the run directory."""
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
          str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "training.max_steps=6",
-         f"hydra.run.dir={tmp_path / 'run'}", "training.threads=1"],
+         f"hydra.run.dir={tmp_path / 'run'}", "training.threads=1", "device=cpu"],
         check=True, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())

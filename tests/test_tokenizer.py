@@ -22,6 +22,9 @@ from transformer.tokenizer import (
     TokenizerError,
     WordTokenizer,
     build_tokenizers,
+    load_tokenizers,
+    save_tokenizers,
+    tokenizer_digest,
     tokenizer_from_state,
     train_sentencepiece,
     word_detokenize,
@@ -201,6 +204,31 @@ def test_word_lowercase_and_state_dict(corpus):
     restored = tokenizer_from_state(torch.load(buffer, weights_only=True))
     assert isinstance(restored, WordTokenizer) and restored.pieces() == words.pieces()
     assert restored.encode(corpus["val_en"][0]) == words.encode(corpus["val_en"][0])
+
+
+@pytest.mark.parametrize("kind", [TokenizerKind.sentencepiece, TokenizerKind.word])
+@pytest.mark.parametrize("joint", [True, False])
+def test_saved_tokenizers_load_back_with_the_same_ids_and_digest(corpus, tmp_path, kind, joint):
+    cfg = TokenizerConfig(kind=kind, vocab_size=300, joint=joint)
+    src, tgt = build_tokenizers(cfg, corpus["train_en"][:500], corpus["train_de"][:500])
+    files = save_tokenizers(tmp_path, src, tgt)
+    assert len(files) == (1 if joint else 2)
+    loaded_src, loaded_tgt = load_tokenizers(tmp_path)
+    assert (loaded_src is loaded_tgt) == joint
+    for before, after, lines in ((src, loaded_src, corpus["val_en"]), (tgt, loaded_tgt, corpus["val_de"])):
+        assert tokenizer_digest(after) == tokenizer_digest(before)
+        assert after.encode_batch(lines) == [before.encode(line) for line in lines]
+    assert tokenizer_digest(src) != tokenizer_digest(build_tokenizers(cfg, corpus["train_en"][:400],
+                                                                      corpus["train_de"][:400])[0])
+    with pytest.raises(TokenizerError, match="no saved tokenizer"):
+        load_tokenizers(tmp_path / "nothing")
+
+
+def test_sentencepiece_batch_encoding_in_threads_equals_one_by_one(spm_joint, corpus):
+    lines = corpus["val_en"] + corpus["val_de"]
+    assert spm_joint.encode_batch(lines, num_threads=2) == [spm_joint.encode(line) for line in lines]
+    with pytest.raises(TokenizerError, match="one thread"):
+        WordTokenizer(list(SPECIAL_PIECES)).encode_batch(lines, num_threads=2)
 
 
 def test_bad_states_are_rejected():

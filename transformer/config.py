@@ -103,9 +103,14 @@ class TokenizerConfig:
     joint: bool = True  # one vocabulary for source and target
     lowercase: bool = False  # word-level only
     min_freq: int = 1  # word-level only
+    # Tokenizers learn from a seeded random sample of at most this many training sentences (both sides
+    # together when joint). 1M is where SentencePiece itself warns that more input only slows training
+    # and points to its own sampling (input_sentence_size); Multi30k (58k sentences) is used whole.
+    max_sentences: int = 1_000_000
 
     def __post_init__(self) -> None:
         _check(self.vocab_size >= 8, "data.tokenizer.vocab_size", f"must be >= 8, got {self.vocab_size}")
+        _check(self.max_sentences >= 1, "data.tokenizer.max_sentences", f"must be >= 1, got {self.max_sentences}")
         _check(
             0.9 <= self.character_coverage <= 1.0,
             "data.tokenizer.character_coverage",
@@ -129,6 +134,9 @@ class DataConfig:
     max_pairs: Optional[int] = None  # keep only the first N training pairs (smoke runs)
     max_len: int = 128  # drop training pairs with more tokens than this on either side
     max_len_ratio: float = 3.0  # drop training pairs whose token-length ratio exceeds this
+    # Tokenizers and the encoded training split are cached here (relative to the working directory),
+    # keyed by the corpus files, settings and tokenizers; see transformer/corpus_cache.py.
+    cache_dir: str = "data/cache"
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     def __post_init__(self) -> None:
@@ -208,6 +216,7 @@ class TrainingConfig:
     max_minutes: Optional[float] = None
     max_tokens: int = 2048  # padded source+target positions per batch, per process
     accumulate: int = 2  # batches per optimizer step (2 x 2048 runs faster on a CPU than 1 x 4096)
+    pad_to_multiple: Optional[int] = None  # batch lengths rounded up to this; None: 8 on CUDA, 1 on CPU
     lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 1000
     schedule: Schedule = Schedule.cosine  # decays to min_lr at max_steps (else the end of max_epochs)
@@ -226,6 +235,8 @@ class TrainingConfig:
     valid_max_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
     log_every_steps: int = 50
     keep_last: int = 5  # periodic checkpoints to keep besides best.pt
+    save_every_steps: Optional[int] = None  # also write last.pt every N steps, without validating
+    save_every_minutes: Optional[float] = None  # also write last.pt every N minutes, without validating
     average_last: int = 5  # the final model averages the last N checkpoints (0 or 1: use best.pt)
     n_samples: int = 3  # sample translations logged at each validation
     progress_bar: bool = True
@@ -240,6 +251,12 @@ class TrainingConfig:
         )
         _check(self.max_tokens >= 16, "training.max_tokens", f"must be >= 16, got {self.max_tokens}")
         _check(self.accumulate >= 1, "training.accumulate", f"must be >= 1, got {self.accumulate}")
+        _check(self.pad_to_multiple is None or self.pad_to_multiple >= 1, "training.pad_to_multiple",
+               f"must be >= 1 or null, got {self.pad_to_multiple}")
+        _check(self.save_every_steps is None or self.save_every_steps > 0, "training.save_every_steps",
+               f"must be > 0 or null, got {self.save_every_steps}")
+        _check(self.save_every_minutes is None or self.save_every_minutes > 0, "training.save_every_minutes",
+               f"must be > 0 or null, got {self.save_every_minutes}")
         _check(self.lr > 0, "training.lr", f"must be > 0, got {self.lr}")
         _check(self.warmup_steps >= 0, "training.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "training.betas",
@@ -351,7 +368,8 @@ class TranslateConfig:
 
 @dataclass
 class PrepareDataConfig:
-    """``transformer-prepare-data``: make a corpus ready (download/copy and verify Multi30k)."""
+    """``transformer-prepare-data``: make a corpus ready: fetch and verify it, check every split, and build
+    the tokenizers and the encoded training split in ``data.cache_dir`` so training starts from the cache."""
 
     data: DataConfig = field(default_factory=DataConfig)
 

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from transformer import checkpoint as ckpt
-from transformer.batching import TokenBucketSampler, collate
+from transformer import corpus_cache
+from transformer.batching import TokenBucketSampler, collate_arrays
 from transformer.config import (
     ConfigError,
     EvaluateConfig,
@@ -30,7 +31,7 @@ from transformer.config import (
     from_plain_dict,
     to_plain_dict,
 )
-from transformer.data import TranslationDataset, clean_pairs, corpus_paths, load_split, read_parallel
+from transformer.data import TranslationDataset, corpus_paths, load_split, read_parallel
 from transformer.decoding import translate as translate_texts
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.glove import init_embedding_from_glove, vector_dim
@@ -45,8 +46,14 @@ from transformer.inference import (
 )
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
-from transformer.runtime import choose_device, configure_threads, seed_everything, set_deterministic
-from transformer.tokenizer import Tokenizer, build_tokenizers, tokenizer_from_state
+from transformer.runtime import (
+    choose_device,
+    configure_threads,
+    pad_to_multiple,
+    seed_everything,
+    set_deterministic,
+)
+from transformer.tokenizer import Tokenizer, tokenizer_from_state
 from transformer.tracking import Tracker
 from transformer.trainer import Trainer
 from transformer.validation import make_validator
@@ -65,53 +72,37 @@ def _resolve_model_path(run_dir: str | None, checkpoint: str | None) -> Path:
 
 
 def prepare_data(cfg: PrepareDataConfig) -> None:
-    """Make every split of the configured corpus ready on disk and report its size."""
+    """Make the configured corpus ready: check every split, then build the tokenizers and the encoded
+    training split in ``data.cache_dir`` (progress bars on a terminal), so training starts from the cache."""
     data = cfg.data
-    for split in (data.train_split, data.valid_split, data.test_split):
+    for split in (data.valid_split, data.test_split):
         src_path, tgt_path = corpus_paths(data, split)
         src, _ = read_parallel(src_path, tgt_path)
         log.info("%s: %d pairs (%s, %s)", split, len(src), src_path, tgt_path)
-
-
-def _encode(texts: list[str], tokenizer: Tokenizer) -> list[list[int]]:
-    return [tokenizer.encode(text) for text in texts]
-
-
-def _training_set(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
-                  src: list[str], tgt: list[str]) -> TranslationDataset:
-    """Encode and clean the training pairs; what the cleaning drops is reported, never silent."""
-    src_ids, tgt_ids, report = clean_pairs(
-        _encode(src, src_tok), _encode(tgt, tgt_tok),
-        max_len=cfg.data.max_len, max_len_ratio=cfg.data.max_len_ratio,
-    )
-    log.info("training pairs: %s", report.summary())
-    if not src_ids:
-        raise ConfigError("data.max_len: cleaning dropped every training pair")
-    return TranslationDataset.from_sequences(src_ids, tgt_ids, max(src_tok.vocab_size, tgt_tok.vocab_size))
-
-
-def _tokenizers(cfg: TrainConfig, src: list[str], tgt: list[str], run_dir: Path, dist: DistContext,
-                saved: dict[str, Any] | None) -> tuple[Tokenizer, Tokenizer]:
-    """Tokenizers from a resumed checkpoint, else trained (rank 0 first; other ranks reuse its files)."""
-    if saved is not None:
-        return tokenizer_from_state(saved["src"]), tokenizer_from_state(saved["tgt"])
-    work_dir = run_dir / "tokenizer"
-    if dist.is_main:
-        toks = build_tokenizers(cfg.data.tokenizer, src, tgt, work_dir)
-    dist.barrier()
-    if not dist.is_main:
-        toks = build_tokenizers(cfg.data.tokenizer, src, tgt, work_dir)
-    return toks
+    src_tok, tgt_tok, train_set = corpus_cache.load_or_build(data, progress=True)
+    log.info("%s: %d pairs after cleaning, %d + %d tokens; vocabularies %d / %d", data.train_split, len(train_set),
+             len(train_set.src_tokens), len(train_set.tgt_tokens), src_tok.vocab_size, tgt_tok.vocab_size)
 
 
 def build_training_data(cfg: TrainConfig, run_dir: Path, dist: DistContext,
                         saved_tokenizers: dict[str, Any] | None = None
                         ) -> tuple[Tokenizer, Tokenizer, TranslationDataset]:
-    """Read the training split (its first ``data.max_pairs``), build or restore the tokenizers, encode
-    and clean the pairs."""
-    src_text, tgt_text = load_split(cfg.data, cfg.data.train_split)
-    src_tok, tgt_tok = _tokenizers(cfg, src_text, tgt_text, run_dir, dist, saved_tokenizers)
-    return src_tok, tgt_tok, _training_set(cfg, src_tok, tgt_tok, src_text, tgt_text)
+    """The tokenizers (a resumed run's ``saved_tokenizers``, else cached or trained) and the cleaned,
+    encoded training split memory-mapped from ``data.cache_dir``.
+
+    Rank 0 builds whatever the cache lacks while the other ranks wait; then every rank maps the same
+    read-only files, so the corpus occupies the page cache once per machine. ``run_dir`` is not used any
+    more (tokenizers live in the cache and travel in checkpoints); it stays for the callers.
+    """
+    tokenizers = None
+    if saved_tokenizers is not None:
+        tokenizers = tokenizer_from_state(saved_tokenizers["src"]), tokenizer_from_state(saved_tokenizers["tgt"])
+    if dist.is_main:
+        prepared = corpus_cache.load_or_build(cfg.data, tokenizers, progress=cfg.training.progress_bar)
+    dist.barrier()
+    if not dist.is_main:
+        prepared = corpus_cache.load_or_build(cfg.data, tokenizers)
+    return prepared
 
 
 # --------------------------------------------------------------------------------------------------
@@ -224,13 +215,15 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
                   train_set: TranslationDataset, dist: DistContext, tracker: Tracker, run_dir: Path,
                   validate: Callable[[torch.nn.Module, int], dict[str, float]]) -> Trainer:
     """The trainer with its sampler (this rank's shard), collate function, optimizer and checkpoints."""
+    multiple = pad_to_multiple(cfg.training, dist.device)
     sampler = TokenBucketSampler(train_set.src_lengths, train_set.tgt_lengths, cfg.training.max_tokens,
-                                 seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size)
-    specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)
+                                 seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size,
+                                 pad_to_multiple=multiple)
+    specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_to_multiple=multiple)
     return Trainer(
         model, build_optimizer(model, cfg.training), cfg.training,
         dataset=train_set, sampler=sampler,
-        collate_fn=lambda indices: collate([train_set[i] for i in indices], indices, **specials),
+        collate_fn=lambda indices: collate_arrays(train_set, indices, **specials),
         pad_id=tgt_tok.pad_id, device=dist.device, dist=dist, tracker=tracker,
         checkpoints=ckpt.CheckpointManager(run_dir / "checkpoints", cfg.training.keep_last),
         validate=validate, extra_state=_extra_state(cfg, src_tok, tgt_tok),

@@ -55,6 +55,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...  # no BOS/EOS added
 
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]: ...  # encode each text
+
     def decode(self, ids: Sequence[int]) -> str: ...  # pad/BOS/EOS skipped, text detokenized
 
     def id_to_piece(self, idx: int) -> str: ...
@@ -94,6 +96,10 @@ class SentencePieceTokenizer(_SpecialIds):
 
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """``encode`` for many texts at once, in ``num_threads`` C++ threads (one call instead of one per text)."""
+        return self._sp.encode(texts, out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.decode([int(i) for i in ids if int(i) not in _SKIPPED_IDS])
@@ -224,6 +230,13 @@ class WordTokenizer(_SpecialIds):
     def encode(self, text: str) -> list[int]:
         return [self._index.get(tok, UNK_ID) for tok in word_tokenize(text, self.lowercase)]
 
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """``encode`` for many texts. Python regexes gain nothing from threads (the GIL), so ``num_threads``
+        must be 1; ``corpus_cache`` runs word-level encoding in worker processes instead."""
+        if num_threads != 1:
+            raise TokenizerError(f"WordTokenizer.encode_batch runs in one thread, got num_threads={num_threads}")
+        return [self.encode(text) for text in texts]
+
     def decode(self, ids: Sequence[int]) -> str:
         return word_detokenize([self._pieces[int(i)] for i in ids if int(i) not in _SKIPPED_IDS])
 
@@ -282,10 +295,13 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def load_or_train_sentencepiece(
-    texts: Sequence[str], cfg: TokenizerConfig, work_dir: Path, role: str
+    texts: Sequence[str], cfg: TokenizerConfig, work_dir: Path | None, role: str
 ) -> SentencePieceTokenizer:
     """Reuse ``work_dir/sentencepiece-{role}-{hash}.model`` when the texts and settings match, else
-    train it and save it there (atomically). ``role`` is ``joint``, ``src`` or ``tgt``."""
+    train it and save it there (atomically). ``role`` is ``joint``, ``src`` or ``tgt``; without a
+    ``work_dir`` the model is trained and nothing is saved."""
+    if work_dir is None:
+        return SentencePieceTokenizer(train_sentencepiece(texts, cfg))
     work_dir = Path(work_dir)
     path = work_dir / f"sentencepiece-{role}-{_fingerprint(texts, cfg)[:16]}.model"
     if path.is_file():
@@ -297,12 +313,13 @@ def load_or_train_sentencepiece(
 
 
 def build_tokenizers(
-    cfg: TokenizerConfig, src_texts: list[str], tgt_texts: list[str], work_dir: Path
+    cfg: TokenizerConfig, src_texts: list[str], tgt_texts: list[str], work_dir: Path | None = None
 ) -> tuple[Tokenizer, Tokenizer]:
-    """Train (or reuse) the source and target tokenizers on the training split.
+    """Train (or reuse) the source and target tokenizers on the given training text.
 
-    With ``cfg.joint`` one tokenizer is trained on both sides and returned twice (the same object).
-    SentencePiece models are saved in ``work_dir``; word vocabularies are cheap and rebuilt.
+    With ``cfg.joint`` one tokenizer is trained on both sides (source text first) and returned twice
+    (the same object). SentencePiece models are saved in ``work_dir`` when one is given (``corpus_cache``
+    keeps its own cache and passes none); word vocabularies are cheap and rebuilt.
     """
     if cfg.kind is TokenizerKind.sentencepiece:
         if cfg.joint:
@@ -316,3 +333,65 @@ def build_tokenizers(
         joint_words = WordTokenizer.train([*src_texts, *tgt_texts], cfg)
         return joint_words, joint_words
     return WordTokenizer.train(src_texts, cfg), WordTokenizer.train(tgt_texts, cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# Files and identity
+# --------------------------------------------------------------------------------------------------
+
+
+def tokenizer_digest(tok: Tokenizer) -> str:
+    """SHA-256 of what determines a tokenizer's ids (the SentencePiece proto, or the word list and casing)."""
+    state = tok.state_dict()
+    digest = hashlib.sha256(state["kind"].encode())
+    if state["kind"] == TokenizerKind.sentencepiece.value:
+        digest.update(state["model_proto"].numpy().tobytes())
+    else:
+        digest.update(json.dumps([state["pieces"], state["lowercase"]]).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def _tokenizer_file(folder: Path, role: str, tok: Tokenizer) -> Path:
+    return folder / (f"{role}.model" if isinstance(tok, SentencePieceTokenizer) else f"{role}.json")
+
+
+def save_tokenizers(folder: Path, src_tok: Tokenizer, tgt_tok: Tokenizer) -> list[Path]:
+    """Write the tokenizers into ``folder``: a SentencePiece model as its ``.model`` proto (readable by
+    the ``spm_*`` tools), a word vocabulary as JSON; one ``joint`` file when both sides share one.
+
+    Returns:
+        The written files.
+    """
+    roles = {"joint": src_tok} if src_tok is tgt_tok else {"src": src_tok, "tgt": tgt_tok}
+    written = []
+    for role, tok in roles.items():
+        path = _tokenizer_file(folder, role, tok)
+        state = tok.state_dict()
+        if isinstance(tok, SentencePieceTokenizer):
+            path.write_bytes(state["model_proto"].numpy().tobytes())
+        else:
+            path.write_text(json.dumps({"pieces": state["pieces"], "lowercase": state["lowercase"]}), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def _load_tokenizer_file(path: Path) -> Tokenizer:
+    if path.suffix == ".model":
+        return SentencePieceTokenizer(path.read_bytes())
+    state = json.loads(path.read_text(encoding="utf-8"))
+    return WordTokenizer(state["pieces"], lowercase=bool(state["lowercase"]))
+
+
+def load_tokenizers(folder: Path) -> tuple[Tokenizer, Tokenizer]:
+    """Read what ``save_tokenizers`` wrote (a joint tokenizer comes back as one object, twice).
+
+    Raises:
+        TokenizerError: the folder holds no tokenizer files.
+    """
+    for suffix in (".model", ".json"):
+        if (folder / f"joint{suffix}").is_file():
+            joint = _load_tokenizer_file(folder / f"joint{suffix}")
+            return joint, joint
+        if (folder / f"src{suffix}").is_file():
+            return _load_tokenizer_file(folder / f"src{suffix}"), _load_tokenizer_file(folder / f"tgt{suffix}")
+    raise TokenizerError(f"{folder}: no saved tokenizer (joint.model, src.model or their .json forms)")

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer import benchmark
+from transformer.batching import TokenBucketSampler
 from transformer.config import ModelConfig
 from transformer.model import build_model
 
@@ -40,7 +41,7 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
     cfg = compose_config("benchmark", [
         "data=toy_copy", f"data.dir={toy_corpus}", "model=tiny", "train_steps=2", "untimed_steps=1",
         "decode_sentences=5", "training.max_tokens=256", "matmul_size=64", "eval.max_len_b=5",
-        f"output_dir={tmp_path}",
+        f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}",
     ])
     result = benchmark.run(OmegaConf.to_object(cfg))
     saved = json.loads((tmp_path / "benchmark.json").read_text())
@@ -50,3 +51,14 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
         ("greedy", True), ("greedy", False), ("beam 5", True), ("beam 5", False)}
     table = (tmp_path / "benchmark.md").read_text()
     assert "model FLOP utilisation" in table and "| beam 5 | no |" in table
+
+
+def test_benchmark_steps_run_on_past_the_end_of_an_epoch():
+    sampler = TokenBucketSampler([3] * 10, [3] * 10, 40, seed=0)  # 5 pairs (8 positions each) per batch
+    assert len(sampler) == 2
+    groups = benchmark._endless_groups(sampler, 1)
+    epochs = [[next(groups)[0] for _ in range(2)] for _ in range(3)]  # six steps: three epochs
+    for epoch, batches in enumerate(epochs):
+        assert sorted(i for batch in batches for i in batch) == list(range(10))
+        sampler.set_epoch(epoch)
+        assert batches == sampler.batches()

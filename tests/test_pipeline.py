@@ -104,6 +104,11 @@ def test_prepared_data_is_what_training_reads(compose_config, toy_corpus, tmp_pa
     assert not (tmp_path / "run" / "tokenizer").exists()
 
 
+def test_average_last_zero_keeps_the_best_checkpoint(compose_config, toy_corpus, tmp_path):
+    metrics = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=2", "training.average_last=0")
+    assert metrics["final_weights"].startswith("best (step 2)")
+
+
 def test_missing_corpus_says_how_to_get_it(compose_config, tmp_path):
     cfg = compose_config("train", [*TOY, f"data.dir={tmp_path / 'nowhere'}", f"output_dir={tmp_path / 'out'}"])
     with pytest.raises(DataError, match="nowhere"):

@@ -28,9 +28,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from transformer.config import ConfigError
     from transformer.data import DataError
     from transformer.glove import GloveError
+    from transformer.tokenizer import TokenizerError
     from transformer.trainer import TrainingDiverged
 
-    return (ConfigError, DataError, GloveError, CheckpointError, TrainingDiverged, FileNotFoundError)
+    return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError)
 
 
 def _run(command: Callable[[Any], Any], cfg: DictConfig) -> Any:

@@ -254,7 +254,8 @@ def _final_weights(cfg: TrainConfig, folder: Path, model: Transformer,
     """
     best = ckpt.load_checkpoint(folder / "best.pt", map_location="cpu")
     candidates = [(best["model"], f"best (step {best['step']})", float(best["best_bleu"]))]
-    paths = ckpt.CheckpointManager(folder, cfg.training.keep_last).recent(cfg.training.average_last)
+    n_average = cfg.training.average_last
+    paths = ckpt.CheckpointManager(folder, cfg.training.keep_last).recent(n_average) if n_average > 1 else []
     if len(paths) > 1:
         averaged = ckpt.average_checkpoints(paths)
         model.load_state_dict(averaged)

@@ -153,7 +153,8 @@ def test_padding_efficiency_by_hand():
 def test_multi30k_padding_efficiency_at_4096_tokens(tmp_path):
     """The issue's target: >= 95 % real tokens with the default 8k joint BPE at max_tokens=4096."""
     from transformer.config import CorpusKind, DataConfig
-    from transformer.data import TranslationDataset, clean_pairs, load_split
+    from transformer.corpus_files import load_split
+    from transformer.data import TranslationDataset, clean_pairs
     from transformer.tokenizer import build_tokenizers
 
     cfg = DataConfig(corpus=CorpusKind.custom, dir=str(MULTI30K))

@@ -16,7 +16,8 @@ import pytest
 from transformer import corpus_cache
 from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
 from transformer.corpus_cache import ReservoirSample, load_or_build
-from transformer.data import DataError, clean_pairs, load_split, normalize_space
+from transformer.corpus_files import load_split
+from transformer.data import DataError, clean_pairs, normalize_space
 from transformer.tokenizer import WordTokenizer, build_tokenizers
 
 from conftest import multi30k_dir

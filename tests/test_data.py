@@ -12,21 +12,23 @@ import numpy as np
 import pytest
 
 from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
-from transformer.data import (
+from transformer.corpus_files import (
     MULTI30K_LANGS,
     MULTI30K_SHA256,
     MULTI30K_SPLITS,
+    corpus_paths,
+    load_split,
+    prepare_multi30k,
+)
+from transformer.data import (
     CleaningReport,
     DataError,
     TranslationDataset,
     token_dtype,
     clean_pairs,
     cleaning_mask,
-    corpus_paths,
     iter_line_blocks,
     iter_parallel,
-    load_split,
-    prepare_multi30k,
     read_lines,
     read_parallel,
 )

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer.data import MULTI30K_SHA256, DataError, prepare_multi30k
+from transformer.corpus_files import MULTI30K_SHA256, prepare_multi30k
+from transformer.data import DataError
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
 pytestmark = pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
@@ -70,7 +71,7 @@ def _names(directory: Path) -> list[str]:
 
 def test_download_verifies_and_writes_files(server, tmp_path, caplog):
     target = tmp_path / "m30k"
-    with caplog.at_level(logging.INFO, logger="transformer.data"):
+    with caplog.at_level(logging.INFO, logger="transformer.corpus_files"):
         assert prepare_multi30k(target, splits=("val", "test_2016_flickr"), base_url=f"{server}/good") == target
     assert _names(target) == ["test_2016_flickr.de.gz", "test_2016_flickr.en.gz", "val.de.gz", "val.en.gz"]
     for name in _names(target):

@@ -153,7 +153,7 @@ def test_cosine_without_max_steps_reaches_its_floor_on_the_last_epoch_step(tmp_p
     assert trainer.schedule_steps == 2 * per_epoch
     rates = []
     step = trainer.train_step
-    trainer.train_step = lambda group: (stats := step(group), rates.append(trainer.optimizer.param_groups[0]["lr"]))[0]
+    trainer.train_step = lambda group: (step(group), rates.append(trainer.optimizer.param_groups[0]["lr"]))[0]
     assert trainer.fit().steps == 2 * per_epoch
     assert rates[1] == pytest.approx(cfg.lr)  # the end of warm-up
     assert rates[-1] == pytest.approx(1e-5) and min(rates[2:-1]) > 1e-5  # the floor comes at the very last step

@@ -31,7 +31,7 @@ import torch
 from transformer import pipeline
 from transformer.batching import TokenBucketSampler
 from transformer.config import BenchmarkConfig, ModelConfig, TrainConfig, to_plain_dict
-from transformer.data import load_split
+from transformer.corpus_files import load_split
 from transformer.decoding import translate
 from transformer.distributed import DistContext
 from transformer.inference import load_trained

@@ -47,8 +47,16 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer.config import ConfigError, DataConfig, to_plain_dict
-from transformer.data import (CleaningReport, DataError, TranslationDataset, cleaning_mask, corpus_paths,
-                              iter_parallel, normalize_space, token_dtype)
+from transformer.corpus_files import corpus_paths
+from transformer.data import (
+    CleaningReport,
+    DataError,
+    TranslationDataset,
+    cleaning_mask,
+    iter_parallel,
+    normalize_space,
+    token_dtype,
+)
 from transformer.tokenizer import (Tokenizer, WordTokenizer, build_tokenizers, load_tokenizers, save_tokenizers,
                                    tokenizer_digest, tokenizer_from_state)
 from transformer.tracking import ProgressBar

@@ -31,7 +31,8 @@ from transformer.config import (
     from_plain_dict,
     to_plain_dict,
 )
-from transformer.data import TranslationDataset, corpus_paths, load_split, read_parallel
+from transformer.corpus_files import corpus_paths, load_split
+from transformer.data import TranslationDataset, read_parallel
 from transformer.decoding import translate as translate_texts
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.glove import init_embedding_from_glove, vector_dim

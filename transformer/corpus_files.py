@@ -1,0 +1,218 @@
+"""Where a configured corpus's split files are: Multi30k fetched and verified, a custom folder checked.
+
+Multi30k (task 1) is fetched into its folder: copied from a local copy (``data.source_dir``) or downloaded
+from the public ``multi30k/dataset`` repository, and checked against SHA-256 digests kept below either way.
+A custom corpus is a folder of ``{split}.{lang}[.gz]`` files. Errors name the file and say what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator, Sequence
+
+from transformer.config import CorpusKind, DataConfig
+from transformer.data import DataError, normalize_space, read_parallel
+
+logger = logging.getLogger(__name__)
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
+MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
+MULTI30K_LANGS = ("en", "de", "fr", "cs")
+# SHA-256 of the upstream files (multi30k/dataset, data/task1/raw), as gzip-compressed.
+MULTI30K_SHA256 = {
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+    "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+}
+_CHUNK = 1 << 16
+
+
+
+# --------------------------------------------------------------------------------------------------
+# Fetching Multi30k
+# --------------------------------------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 digest of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_verified(dest: Path, chunks: Iterable[bytes], expected: str, origin: str) -> int:
+    """Stream ``chunks`` into a temp file beside ``dest``, check its SHA-256, then ``os.replace``.
+
+    An interruption or a mismatch leaves no file behind: the temp file is removed and ``dest`` is
+    either absent or complete. Concurrent writers (several DDP ranks) are safe for the same reason.
+
+    Returns:
+        The number of bytes written.
+    """
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        digest, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        if digest.hexdigest() != expected:
+            raise DataError(
+                f"checksum mismatch for {origin}: expected sha256 {expected}, got {digest.hexdigest()}; "
+                f"{dest.name} was not saved"
+            )
+        os.replace(tmp, dest)
+        return size
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_chunks(handle: BinaryIO) -> Iterator[bytes]:
+    while chunk := handle.read(_CHUNK):
+        yield chunk
+
+
+def _checked_length(chunks: Iterator[bytes], length: str | None, url: str) -> Iterator[bytes]:
+    """Pass chunks through; raise if the server closed before sending Content-Length bytes."""
+    received = 0
+    for chunk in chunks:
+        received += len(chunk)
+        yield chunk
+    if length is not None and length.isdigit() and received < int(length):
+        raise DataError(f"downloading {url} failed: connection closed after {received} of {length} bytes")
+
+
+def download_file(url: str, dest: Path, sha256: str, *, timeout: float = 60.0) -> None:
+    """Download ``url`` to ``dest`` (urllib only), verifying its SHA-256; atomic, see ``_write_verified``.
+
+    Raises:
+        DataError: HTTP error, unreachable host, timeout, or checksum mismatch (nothing is left behind).
+    """
+    hint = "set data.source_dir (or env MULTI30K_DIR) to a local copy, or place the file there yourself"
+    logger.info("downloading %s -> %s", url, dest)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            length = response.headers.get("Content-Length")
+            size = _write_verified(dest, _checked_length(_read_chunks(response), length, url), sha256, url)
+    except urllib.error.HTTPError as err:
+        raise DataError(f"downloading {url} failed: HTTP {err.code} {err.reason}; {hint}") from err
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+        reason = getattr(err, "reason", err)
+        raise DataError(f"downloading {url} failed: {reason}; {hint}") from err
+    logger.info("saved %s (%.1f kB, sha256 verified)", dest, size / 1024)
+
+
+def _fetch_multi30k_file(name: str, target: Path, source_dir: Path | None, base_url: str, timeout: float) -> None:
+    """Make sure ``target/name`` exists and matches its digest: keep, copy from ``source_dir``, or download."""
+    dest = target / name
+    expected = MULTI30K_SHA256.get(name)
+    if dest.is_file():
+        if expected is not None and (actual := sha256_file(dest)) != expected:
+            raise DataError(
+                f"{dest}: checksum mismatch: expected sha256 {expected}, got {actual}; "
+                "delete the file to fetch it again"
+            )
+        return
+    if dest.with_suffix("").is_file():  # an uncompressed copy the user put there
+        return
+    if expected is None:
+        raise DataError(
+            f"{dest}: not found, and no checksum is known for {name!r} (known: {sorted(MULTI30K_SHA256)}); "
+            "place the file there yourself or use data=custom"
+        )
+    local = source_dir / name if source_dir is not None else None
+    if local is not None and local.is_file():
+        logger.info("copying %s -> %s", local, dest)
+        with open(local, "rb") as handle:
+            _write_verified(dest, _read_chunks(handle), expected, str(local))
+        return
+    if local is not None:
+        logger.info("%s not found; downloading instead", local)
+    download_file(f"{base_url.rstrip('/')}/{name}", dest, expected, timeout=timeout)
+
+
+def prepare_multi30k(
+    target_dir: str | Path,
+    langs: Sequence[str] = ("en", "de"),
+    splits: Sequence[str] = MULTI30K_SPLITS,
+    source_dir: str | Path | None = None,
+    base_url: str = MULTI30K_URL,
+    *,
+    timeout: float = 60.0,
+) -> Path:
+    """Put ``{split}.{lang}.gz`` for every split and language into ``target_dir``, checksum-verified.
+
+    Files already in ``target_dir`` are verified and kept; missing ones are copied from
+    ``source_dir`` when it has them, else downloaded from ``base_url``.
+
+    Returns:
+        ``target_dir`` as a Path.
+    """
+    target = Path(target_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    source = Path(source_dir) if source_dir else None
+    for split in splits:
+        for lang in langs:
+            _fetch_multi30k_file(f"{split}.{lang}.gz", target, source, base_url, timeout)
+    return target
+
+
+# --------------------------------------------------------------------------------------------------
+# Splits from config
+# --------------------------------------------------------------------------------------------------
+
+
+def _find_split_file(directory: Path, split: str, lang: str, cfg: DataConfig) -> Path:
+    plain, compressed = directory / f"{split}.{lang}", directory / f"{split}.{lang}.gz"
+    if plain.is_file() and compressed.is_file():
+        raise DataError(f"both {plain} and {compressed} exist; remove one so it is clear which to read")
+    for path in (compressed, plain):
+        if path.is_file():
+            return path
+    how = (
+        "run `transformer-prepare-data` or set data.source_dir"
+        if cfg.corpus is CorpusKind.multi30k
+        else f"a custom corpus needs files named {{split}}.{{lang}}[.gz] in data.dir={cfg.corpus_dir}"
+    )
+    raise DataError(f"{plain}[.gz]: file not found (data.corpus={cfg.corpus.value}, split {split!r}); {how}")
+
+
+def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
+    """Source and target file of ``split``; Multi30k files are fetched and verified first."""
+    directory = cfg.corpus_dir
+    if cfg.corpus is CorpusKind.multi30k:
+        prepare_multi30k(directory, langs=(cfg.src, cfg.tgt), splits=(split,), source_dir=cfg.source_dir)
+    elif not directory.is_dir():
+        raise DataError(f"data.dir={cfg.corpus_dir}: directory not found (data.corpus=custom)")
+    return _find_split_file(directory, split, cfg.src, cfg), _find_split_file(directory, split, cfg.tgt, cfg)
+
+
+def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+    """Read a split as whitespace-normalized aligned sentences (nothing dropped).
+
+    ``cfg.max_pairs`` keeps only the first N pairs of the training split (smoke runs).
+    """
+    src, tgt = read_parallel(*corpus_paths(cfg, split))
+    if split == cfg.train_split and cfg.max_pairs is not None:
+        src, tgt = src[: cfg.max_pairs], tgt[: cfg.max_pairs]
+    return [normalize_space(s) for s in src], [normalize_space(t) for t in tgt]

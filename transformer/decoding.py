@@ -113,7 +113,8 @@ def _step_log_probs(model: Decoder, prefix: Tensor, enc: Any, cache: Any,
     else:
         out = model.decode(prefix[:, -1:], enc, cache)
     log_probs = F.log_softmax(out.logits[:, -1].float(), dim=-1)  # (rows, vocab)
-    log_probs[:, list(banned)] = -math.inf
+    for token in banned:  # a column at a time: indexing by a list would copy it to the device every step
+        log_probs[:, token] = -math.inf
     return log_probs, out.cache
 
 

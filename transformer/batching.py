@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformer.data import TranslationDataset
+
 T = TypeVar("T")
 
 
@@ -113,26 +115,6 @@ def collate_arrays(data: PairArrays, indices: Sequence[int], *, pad_id: int, bos
                  torch.from_numpy(positions), rows.tolist(), int(src_lens.sum()), int(tgt_lens.sum()) + len(rows))
 
 
-@dataclass
-class _ListPairs:
-    """Id lists packed into the flat arrays :func:`collate_arrays` reads."""
-
-    src_tokens: np.ndarray
-    src_offsets: np.ndarray
-    tgt_tokens: np.ndarray
-    tgt_offsets: np.ndarray
-
-    @classmethod
-    def pack(cls, examples: Sequence[tuple[Sequence[int], Sequence[int]]]) -> _ListPairs:
-        sides = []
-        for side in (0, 1):
-            seqs = [example[side] for example in examples]
-            offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-            np.cumsum([len(seq) for seq in seqs], out=offsets[1:])
-            sides += [np.fromiter((i for seq in seqs for i in seq), dtype=np.int64, count=int(offsets[-1])), offsets]
-        return cls(*sides)
-
-
 def collate(
     examples: Sequence[tuple[Sequence[int], Sequence[int]]],
     indices: Sequence[int],
@@ -148,8 +130,9 @@ def collate(
         raise ValueError(f"collate got {len(examples)} examples but {len(indices)} indices")
     if not examples:
         raise ValueError("collate got an empty batch")
-    batch = collate_arrays(_ListPairs.pack(examples), range(len(examples)), pad_id=pad_id, bos_id=bos_id,
-                           eos_id=eos_id, pad_to_multiple=pad_to_multiple)
+    pairs = TranslationDataset.from_sequences([src for src, _ in examples], [tgt for _, tgt in examples])
+    batch = collate_arrays(pairs, range(len(examples)), pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+                           pad_to_multiple=pad_to_multiple)
     batch.indices = list(indices)
     return batch
 

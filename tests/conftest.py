@@ -1,4 +1,5 @@
-"""Shared fixtures: config composition, the real Multi30k folder, and a tiny synthetic parallel corpus."""
+"""Shared fixtures: config composition, the real Multi30k folder, a tiny synthetic parallel corpus, and a
+small model trained on digit reversal."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
+from torch import nn
 
 from transformer.config import register_configs
+
+from toy_training import train_reversal_model
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
@@ -56,3 +61,15 @@ def write_toy_corpus(folder: Path, n_train: int = 400, seed: int = 0) -> Path:
 @pytest.fixture()
 def toy_corpus(tmp_path: Path) -> Path:
     return write_toy_corpus(tmp_path / "toy")
+
+
+@pytest.fixture(scope="session")
+def reversal_model() -> nn.Module:
+    """``toy_training.train_reversal_model()``, trained once per session (~25 s on one CPU thread); eval mode.
+    Tests only decode with it: they must not train or change it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: extra threads only contend for the shared cores
+    try:
+        return train_reversal_model()
+    finally:
+        torch.set_num_threads(threads)

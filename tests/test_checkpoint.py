@@ -1,6 +1,12 @@
-"""Checkpoints: round trip, atomic writes, clear load errors, rotation, averaging."""
+"""Checkpoints: round trip, atomic writes, clear load errors, rotation, averaging, the run directory's
+names, which configs may resume a checkpoint, and which weights a finished run keeps."""
 
 from __future__ import annotations
+
+import copy
+import functools
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,11 +16,16 @@ from transformer.checkpoint import (
     CHECKPOINT_VERSION,
     CheckpointError,
     CheckpointManager,
+    RunDir,
     average_checkpoints,
+    check_resume_config,
+    choose_final_weights,
     load_checkpoint,
+    load_for_resume,
     save_checkpoint,
+    save_model,
 )
-from transformer.config import Schedule
+from transformer.config import ConfigError, Schedule, TrainConfig, to_plain_dict
 
 
 def _state(value: float, step: int = 0) -> dict:
@@ -117,3 +128,123 @@ def test_average_checkpoints_by_hand(tmp_path):
     save_checkpoint({"model": {"w": torch.zeros(3, 2), "b": torch.zeros(1), "count": torch.tensor([0])}}, bad)
     with pytest.raises(CheckpointError, match="bad.pt.*w has shape"):
         average_checkpoints([paths[0], bad])
+
+
+# --------------------------------------------------------------------------------------------------
+# Resume compatibility, run directory, final weights
+# --------------------------------------------------------------------------------------------------
+
+
+def _set(tree: dict, dotted: str, value) -> dict:
+    """A deep copy of ``tree`` with ``dotted`` set to ``value``."""
+    tree = copy.deepcopy(tree)
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return tree
+
+
+SAVED = to_plain_dict(TrainConfig())
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("training.max_tokens", 4097), ("training.accumulate", 7), ("training.seed", 99),
+    ("training.pad_to_multiple", 3), ("data.max_len", 17), ("data.max_pairs", 10), ("data.src", "fr"),
+    ("data.tokenizer.vocab_size", 123), ("model.d_model", 24), ("model.glove.freeze", True),
+])
+def test_resume_refuses_a_setting_that_changes_batches_or_model(key, value):
+    current = _set(SAVED, key, value)
+    old = functools.reduce(lambda node, k: node[k], key.split("."), SAVED)
+    assert old != value, "choose a value other than the default"
+    with pytest.raises(ConfigError, match=re.escape(f"{key}: the checkpoint run/last.pt was trained with {old!r}, "
+                                                    f"the config says {value!r}; resume with the same")):
+        check_resume_config(SAVED, current, "run/last.pt")
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("training.max_steps", 50), ("training.max_epochs", 3), ("training.max_minutes", 5.0),
+    ("training.validate_every_steps", 10), ("training.keep_last", 9), ("training.log_every_steps", 1),
+    ("training.save_every_steps", 4), ("eval.beam_size", 2), ("output_dir", "x"), ("resume", "y"),
+    ("data.cache_dir", "z"), ("model.glove.path", "vectors.txt"), ("model.glove.rescale", False),
+])
+def test_resume_allows_stopping_logging_and_init_only_settings_silently(key, value, caplog):
+    with caplog.at_level("WARNING"):
+        check_resume_config(SAVED, _set(SAVED, key, value), "run/last.pt")
+    assert not caplog.records
+
+
+@pytest.mark.parametrize(("key", "value"), [("training.lr", 0.5), ("training.warmup_steps", 3),
+                                            ("training.label_smoothing", 0.0), ("training.clip_grad_norm", 9.0)])
+def test_resume_warns_naming_an_optimisation_setting(key, value, caplog):
+    with caplog.at_level("WARNING"):
+        check_resume_config(SAVED, _set(SAVED, key, value), "run/last.pt")
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert caplog.records[0].getMessage().startswith(f"{key}: the checkpoint run/last.pt was trained with ")
+
+
+def test_resume_compares_only_keys_both_configs_have():
+    older = copy.deepcopy(SAVED)
+    del older["training"]["max_tokens"]  # a checkpoint from before the key existed
+    check_resume_config(older, _set(SAVED, "training.max_tokens", 4097), "run/last.pt")
+
+
+def test_load_for_resume_takes_a_run_directory_or_a_checkpoint_file(tmp_path):
+    run = RunDir(tmp_path / "run")
+    CheckpointManager(run.checkpoints, keep_last=2).save({**_state(1.0, 3), "config": SAVED}, 3, is_best=True)
+    for target in (run.root, run.checkpoints / "step_3.pt"):
+        state, found = load_for_resume(target, SAVED)
+        assert found == run and state["step"] == 3
+    with pytest.raises(ConfigError, match="training.seed: "):
+        load_for_resume(run.root, _set(SAVED, "training.seed", 5))
+    state = _state(1.0, 3)
+    del state["config"]
+    save_checkpoint(state, run.last)
+    with pytest.raises(CheckpointError, match="holds no resolved config"):
+        load_for_resume(run.root, SAVED)
+
+
+def test_run_dir_names_every_file():
+    run = RunDir(Path("out"))
+    names = ("best.pt", "last.pt", "final.pt")
+    assert (run.best, run.last, run.final) == tuple(Path("out/checkpoints") / name for name in names)
+    assert (run.metrics, run.tensorboard, run.test_hypotheses, run.log_file) == (
+        Path("out/metrics.json"), Path("out/tensorboard"), Path("out/test.hyp.txt"), Path("out/train.log"))
+    assert CheckpointManager(run.checkpoints, 1).last_path == run.last
+
+
+def _checkpoints_with_best_at_step_2(folder) -> None:
+    """Steps 1-4 (weights = the step number) with keep_last=3: step_2..4.pt remain; best.pt is step 2."""
+    manager = CheckpointManager(folder, keep_last=3)
+    for step in (1, 2, 3, 4):
+        manager.save({**_state(float(step), step), "best_bleu": 20.0}, step, is_best=step == 2)
+
+
+@pytest.mark.parametrize(("averaged_bleu", "expected"), [(25.0, "average of the last 3 checkpoints"),
+                                                         (20.0, "best (step 2)"), (5.0, "best (step 2)")])
+def test_final_weights_keep_the_average_only_when_it_validates_higher(tmp_path, averaged_bleu, expected):
+    _checkpoints_with_best_at_step_2(tmp_path)
+    seen = []
+    final = choose_final_weights(tmp_path, keep_last=3, average_last=3,
+                                 validate=lambda weights: seen.append(weights["w"][0, 0].item()) or averaged_bleu)
+    assert seen == [3.0]  # validated once, on the mean of steps 2, 3, 4
+    assert final.source == expected
+    assert final.valid_bleu == max(averaged_bleu, 20.0)
+    assert final.weights["w"][0, 0].item() == (3.0 if averaged_bleu > 20.0 else 2.0)
+
+
+@pytest.mark.parametrize("average_last", [0, 1])
+def test_final_weights_without_averaging_are_best_and_not_validated(tmp_path, average_last):
+    _checkpoints_with_best_at_step_2(tmp_path)
+    final = choose_final_weights(tmp_path, keep_last=3, average_last=average_last,
+                                 validate=lambda weights: pytest.fail("no averaged weights to validate"))
+    assert (final.source, final.valid_bleu, final.weights["w"][0, 0].item()) == ("best (step 2)", 20.0, 2.0)
+
+
+def test_save_model_keeps_metadata_but_no_training_state(tmp_path):
+    like = {**_state(1.0, 7), "model_config": {"d_model": 8}, "tokenizers": {"src": {}, "tgt": {}}, "optimizer": {}}
+    save_model({"w": torch.ones(1)}, like, tmp_path / "final.pt", source="best (step 7)")
+    saved = load_checkpoint(tmp_path / "final.pt")
+    assert sorted(saved) == ["config", "model", "model_config", "source", "step", "tokenizers", "version"]
+    assert saved["step"] == 7 and saved["source"] == "best (step 7)"

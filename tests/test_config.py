@@ -7,9 +7,11 @@ from dataclasses import replace
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from transformer.config import (
     ConfigError,
+    EvalConfig,
     EvaluateConfig,
     ModelConfig,
     NormPosition,
@@ -53,15 +55,21 @@ def test_root_configs_compose(compose_config):
     for name in ("prepare_data", "benchmark"):
         OmegaConf.to_object(compose_config(name, ["output_dir=/tmp/x"] if name == "benchmark" else []))
     cfg = OmegaConf.to_object(compose_config("evaluate", ["run_dir=outputs/train/x", *RUN]))
-    assert isinstance(cfg, EvaluateConfig) and cfg.eval.beam_size == 8
+    assert isinstance(cfg, EvaluateConfig) and cfg.eval == EvalConfig()  # eval=beam is EvalConfig's defaults
     OmegaConf.to_object(compose_config("translate", ["checkpoint=x.pt", "eval=greedy"]))
 
 
 def test_defaults_are_the_dataclass_defaults(compose_config):
     cfg = OmegaConf.to_object(compose_config("train", RUN))
-    assert cfg.model == ModelConfig(share_embeddings=True, dropout=0.2)  # model/small.yaml's two overrides
+    assert cfg.model == ModelConfig()  # model=small names ModelConfig's defaults
     assert cfg.training == TrainConfig().training
     assert replace(cfg.data, source_dir=None) == TrainConfig().data  # source_dir comes from $MULTI30K_DIR
+
+
+@pytest.mark.parametrize("option", ["model/small.yaml", "training/default.yaml", "eval/beam.yaml"])
+def test_the_default_options_only_name_the_dataclass_defaults(option):
+    # the values live once, in transformer/config.py; a value here would be a second copy that can drift
+    assert OmegaConf.load(CONFIG_DIR / option) == OmegaConf.create()
 
 
 def test_glove300_is_300_wide_with_8_heads_of_64(compose_config):
@@ -121,5 +129,5 @@ def test_plain_dict_round_trip():
 
 def test_glove_model_without_a_vector_file_says_how_to_give_one(compose_config, monkeypatch):
     monkeypatch.delenv("GLOVE_PATH", raising=False)
-    with pytest.raises(Exception, match="GLOVE_PATH"):
+    with pytest.raises(InterpolationResolutionError, match="GLOVE_PATH"):
         OmegaConf.to_object(compose_config("train", ["model=glove300", *RUN]))

@@ -8,11 +8,23 @@ import os
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from transformer.glove import GloveError, init_embedding_from_glove, read_vectors, vector_dim
+from transformer.config import GloveConfig, GloveSide, ModelConfig
+from transformer.data import TranslationDataset
+from transformer.glove import (
+    GloveError,
+    init_embedding_from_glove,
+    init_model_embeddings,
+    read_vectors,
+    refreeze_model_embeddings,
+    vector_dim,
+)
+from transformer.model import build_model
+from transformer.tokenizer import SPECIAL_PIECES, WordTokenizer
 
 LINES = ["the 0.1 0.2 0.3", "Dog 1 2 3", "dog 4 5 6", "cat 7 8 9", "house 0.5 0.5 0.5"]
 PIECES = ["<pad>", "<unk>", "\u2581the", "Dog", "\u2581Cat", "zebra", "\u2581", "HOUSE"]
@@ -54,7 +66,7 @@ def test_every_file_form_reads_the_same_vectors(tmp_path: Path, form: str) -> No
     assert vectors.matrix[vectors.index["dog"]].tolist() == [4.0, 5.0, 6.0]
     embedding = _embedding()
     before = embedding.weight.detach().clone()
-    coverage = init_embedding_from_glove(embedding, PIECES, path, skip_ids={1})
+    coverage = init_embedding_from_glove(embedding, PIECES, path, rescale=False, skip_ids={1})
     for row, values in EXPECTED.items():
         assert embedding.weight[row].tolist() == pytest.approx(values)
     for row in (1, 5, 6):  # skipped, unmatched, bare "▁": untouched
@@ -68,7 +80,7 @@ def test_matching_prefers_exact_then_lowercase_and_strips_sentencepiece_marker(t
     path = _write_all_formats(tmp_path)["txt"]
     pieces = ["<pad>", "dog", "Dog", "DOG", "\u2581dog", "\u2581DOG"]
     embedding = nn.Embedding(len(pieces), 3, padding_idx=0)
-    init_embedding_from_glove(embedding, pieces, path)
+    init_embedding_from_glove(embedding, pieces, path, rescale=False)
     rows = embedding.weight.tolist()
     assert rows[1] == [4.0, 5.0, 6.0] and rows[2] == [1.0, 2.0, 3.0]  # exact wins over lowercase
     assert rows[3] == [4.0, 5.0, 6.0] and rows[4] == [4.0, 5.0, 6.0] and rows[5] == [4.0, 5.0, 6.0]
@@ -77,13 +89,13 @@ def test_matching_prefers_exact_then_lowercase_and_strips_sentencepiece_marker(t
 def test_token_coverage_from_counts(tmp_path: Path) -> None:
     path = _write_all_formats(tmp_path)["txt"]
     counts = {"\u2581the": 10, "Dog": 5, "\u2581Cat": 3, "zebra": 2, "<unk>": 100}
-    coverage = init_embedding_from_glove(_embedding(), PIECES, path, counts=counts, skip_ids={1})
+    coverage = init_embedding_from_glove(_embedding(), PIECES, path, rescale=False, counts=counts, skip_ids={1})
     assert coverage.token_rate == pytest.approx(18 / 20)  # <unk> is skipped, so not counted
 
 
 def test_freeze_stops_training_the_embedding(tmp_path: Path) -> None:
     embedding = _embedding()
-    init_embedding_from_glove(embedding, PIECES, _write_all_formats(tmp_path)["txt"], freeze=True)
+    init_embedding_from_glove(embedding, PIECES, _write_all_formats(tmp_path)["txt"], rescale=False, freeze=True)
     assert not embedding.weight.requires_grad
 
 
@@ -95,7 +107,7 @@ def test_only_requested_words_are_kept(tmp_path: Path) -> None:
 def test_dimension_mismatch_names_file_line_and_numbers(tmp_path: Path) -> None:
     path = _write_all_formats(tmp_path)["txt"]
     with pytest.raises(GloveError, match=re.escape(f"{path}:1: vectors have 3 dimensions, but 4 are needed")):
-        init_embedding_from_glove(_embedding(4), PIECES, path)
+        init_embedding_from_glove(_embedding(4), PIECES, path, rescale=False)
     zipped = _write_all_formats(tmp_path)["zip_by_dim"]
     with pytest.raises(GloveError, match="no member has 5-dimensional vectors"):
         vector_dim(zipped, expected_dim=5)
@@ -136,7 +148,8 @@ def test_real_glove_file() -> None:
     vectors = read_vectors(REAL_GLOVE, expected_dim=50, words={"the"})
     assert vectors.matrix[0, :2].tolist() == pytest.approx([0.418, 0.24968])
     pieces = ["<pad>", "\u2581the", "\u2581dog", "\u2581Runs", "man", "\u2581Street", "qzxqv"]
-    coverage = init_embedding_from_glove(nn.Embedding(len(pieces), 50, padding_idx=0), pieces, REAL_GLOVE)
+    coverage = init_embedding_from_glove(nn.Embedding(len(pieces), 50, padding_idx=0), pieces, REAL_GLOVE,
+                                         rescale=False)
     assert (coverage.n_types, coverage.n_types_found) == (6, 5)
 
 
@@ -154,3 +167,43 @@ def test_rescale_matches_the_random_init_std(tmp_path):
     assert embedding.weight[:20].detach().std().item() == pytest.approx(init_std, rel=1e-5)
     ratio = embedding.weight[:20].detach() / copied.clamp(min=1e-9)
     assert torch.allclose(ratio[copied > 0], ratio[copied > 0][0])  # one common factor: directions kept
+
+
+def _joint_vocabulary_setup(tmp_path: Path, side: GloveSide, freeze: bool = False):
+    """One tokenizer object for both sides; source text "cat cat dog", target text "katze hund hund hund";
+    only "katze" has a vector, so the target side's token coverage is 1/4 and the source side's 0."""
+    tok = WordTokenizer([*SPECIAL_PIECES, "cat", "dog", "katze", "hund"])
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("katze " + " ".join(["0.5"] * 8) + "\n", encoding="utf-8")
+    src = np.array(tok.encode("cat cat dog"), dtype=np.uint16)
+    tgt = np.array(tok.encode("katze hund hund hund"), dtype=np.uint16)
+    train_set = TranslationDataset(src, np.array([0, len(src)]), tgt, np.array([0, len(tgt)]))
+    glove = GloveConfig(path=str(vectors), side=side, freeze=freeze, rescale=False)
+    cfg = ModelConfig(d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1, n_decoder_layers=1,
+                      share_embeddings=False, tie_output=False, glove=glove)
+    torch.manual_seed(0)
+    return build_model(cfg, tok.vocab_size, tok.vocab_size, tok.pad_id), glove, tok, train_set
+
+
+@pytest.mark.parametrize("side", [GloveSide.tgt, GloveSide.both])
+def test_joint_vocabulary_target_side_is_named_and_counted_as_target(tmp_path, caplog, side):
+    model, glove, tok, train_set = _joint_vocabulary_setup(tmp_path, side)
+    with caplog.at_level("INFO", logger="transformer.glove"):
+        coverages = init_model_embeddings(model, glove, tok, tok, train_set)
+    assert sorted(coverages) == (["tgt"] if side is GloveSide.tgt else ["src", "tgt"])
+    assert coverages["tgt"].token_rate == pytest.approx(1 / 4)  # counted on the target side, not the source
+    assert "GloVe tgt embeddings" in caplog.text
+    assert ("GloVe src embeddings" in caplog.text) == (side is GloveSide.both)
+    katze = tok.encode("katze")[0]
+    assert model.tgt_token_embedding.weight[katze].tolist() == [0.5] * 8
+    if side is GloveSide.both:
+        assert coverages["src"].token_rate == 0.0
+
+
+def test_resume_freezes_again_what_the_run_froze(tmp_path):
+    model, glove, tok, train_set = _joint_vocabulary_setup(tmp_path, GloveSide.tgt, freeze=True)
+    init_model_embeddings(model, glove, tok, tok, train_set)
+    fresh, _, _, _ = _joint_vocabulary_setup(tmp_path, GloveSide.tgt, freeze=True)
+    refreeze_model_embeddings(fresh, glove)
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and frozen == [name for name, p in fresh.named_parameters() if not p.requires_grad]

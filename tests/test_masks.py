@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.masks import cached_decoder_self_mask, causal_mask, cross_mask, decoder_self_mask, padding_mask
+from transformer.masks import cached_decoder_self_mask, causal_mask, decoder_self_mask, padding_mask
 
 PAD = 0
 
@@ -46,9 +46,9 @@ def test_cached_decoder_self_mask_equals_the_last_rows_of_the_full_mask() -> Non
     assert torch.equal(cached, full[:, :, 2:, :])
 
 
-def test_cross_mask_broadcasts_over_target_queries() -> None:
+def test_source_padding_mask_broadcasts_over_target_queries() -> None:
     src = torch.tensor([[4, 5, PAD, PAD], [4, 5, 6, 7]])
-    mask = cross_mask(src, PAD)
+    mask = padding_mask(src, PAD)  # the cross-attention mask
     assert mask.shape == (2, 1, 1, 4)
     scores = torch.zeros(2, 3, 5, 4)  # (batch, heads, tgt_len, src_len)
     expanded = mask.expand_as(scores)

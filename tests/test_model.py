@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from transformer.config import ConfigError, ModelConfig, NormPosition, PositionKind
 from transformer.loss import label_smoothed_sums
 from transformer.model import Transformer, build_model, select_encoder_output
+
+from toy_training import BOS as TOY_BOS
+from toy_training import PAD as TOY_PAD
+from toy_training import reversal_batch
 
 # A toy vocabulary local to these tests: the model takes pad_id as an argument.
 PAD, BOS, EOS, FIRST_DIGIT = 0, 1, 2, 3
@@ -17,7 +20,7 @@ VOCAB = 13
 
 def _cfg(**overrides: object) -> ModelConfig:
     base = dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                max_positions=64)
+                max_positions=64, share_embeddings=False)
     base.update(overrides)
     return ModelConfig(**base)  # type: ignore[arg-type]
 
@@ -189,55 +192,17 @@ def test_empty_source_gives_finite_outputs_and_gradients() -> None:
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-def _reverse_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random digit strings of 3-8 digits; the target is the string reversed."""
-    lengths = torch.randint(3, 9, (n,), generator=gen).tolist()
-    width = max(lengths)
-    src = torch.full((n, width), PAD)
-    tgt_in = torch.full((n, width + 1), PAD)
-    tgt_out = torch.full((n, width + 1), PAD)
-    for i, length in enumerate(lengths):
-        digits = torch.randint(FIRST_DIGIT, FIRST_DIGIT + 10, (length,), generator=gen)
-        src[i, :length] = digits
-        tgt_in[i, 0], tgt_in[i, 1 : length + 1] = BOS, digits.flip(0)
-        tgt_out[i, :length], tgt_out[i, length] = digits.flip(0), EOS
-    return src, tgt_in, tgt_out
-
-
 @pytest.mark.slow
-def test_learns_to_reverse_digit_strings() -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: extra threads only contend for the shared cores
-    try:
-        _train_and_check_reversal()
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train_and_check_reversal() -> None:
-    torch.manual_seed(0)
-    model = build_model(_cfg(d_model=32, n_heads=4, d_ff=64), VOCAB, VOCAB, PAD)
-    steps = 600
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        src, tgt_in, tgt_out = _reverse_batch(gen, 64)
-        loss = F.cross_entropy(model(src, tgt_in).transpose(1, 2), tgt_out, ignore_index=PAD)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-    model.eval()
-    src, _, tgt_out = _reverse_batch(torch.Generator().manual_seed(99), 500)  # held-out strings
+def test_learns_to_reverse_digit_strings(reversal_model) -> None:
+    src, _, tgt_out = reversal_batch(torch.Generator().manual_seed(99), 500)  # held-out strings
     with torch.no_grad():  # greedy decoding with the cache
-        enc = model.encode(src)
-        cache = model.init_cache(enc)
-        token, predicted = torch.full((500, 1), BOS), []
+        enc = reversal_model.encode(src)
+        cache = reversal_model.init_cache(enc)
+        token, predicted = torch.full((500, 1), TOY_BOS), []
         for _ in range(tgt_out.size(1)):
-            out = model.decode(token, enc, cache)
+            out = reversal_model.decode(token, enc, cache)
             cache, token = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
             predicted.append(token)
     predicted = torch.cat(predicted, dim=1)
-    exact = ((predicted == tgt_out) | (tgt_out == PAD)).all(dim=1).float().mean().item()
+    exact = ((predicted == tgt_out) | (tgt_out == TOY_PAD)).all(dim=1).float().mean().item()
     assert exact >= 0.99

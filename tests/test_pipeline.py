@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer import pipeline
+from transformer.checkpoint import RunDir
 from transformer.curves import Curve, plot_curves, read_curve
 from transformer.config import ConfigError
 from transformer.data import DataError
@@ -42,14 +43,15 @@ def trained_run(compose_config, tmp_path_factory) -> tuple[Path, dict]:
 
 def test_training_run_writes_everything(trained_run):
     run_dir, metrics = trained_run
-    for name in ("last.pt", "best.pt", "final.pt"):
-        assert (run_dir / "checkpoints" / name).is_file(), name
-    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    run = RunDir(run_dir)
+    for path in (run.last, run.best, run.final):
+        assert path.is_file(), path
+    assert list(run.tensorboard.glob("events.out.tfevents.*"))
     assert metrics["final_weights"].startswith(("best", "average of the last"))
-    saved = json.loads((run_dir / "metrics.json").read_text())
+    saved = json.loads(run.metrics.read_text())
     assert saved["test_bleu"] == pytest.approx(metrics["test_bleu"])
     assert "nrefs:1" in saved["test"]["bleu_signature"]
-    hypotheses = (run_dir / "test.hyp.txt").read_text(encoding="utf-8").splitlines()
+    hypotheses = run.test_hypotheses.read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == 40
 
 
@@ -125,27 +127,41 @@ def test_glove_of_the_wrong_size_stops_before_training(compose_config, toy_corpu
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
-def test_glove_initialises_the_source_embeddings(compose_config, toy_corpus, tmp_path):
+def test_glove_initialises_the_source_embeddings_frozen_also_after_a_resume(compose_config, toy_corpus, tmp_path):
     vectors = tmp_path / "vectors.txt"
     rows = {word: [float(i + 1)] * 32 for i, word in enumerate("abcdefgh")}
     vectors.write_text("".join(f"{w} {' '.join(map(str, v))}\n" for w, v in rows.items()), encoding="utf-8")
-    metrics = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1", f"model.glove.path={vectors}",
-                     "model.glove.freeze=true", "model.glove.rescale=false", "model.share_embeddings=false",
-                     "model.tie_output=false")
+    glove = [f"model.glove.path={vectors}", "model.glove.freeze=true", "model.glove.rescale=false",
+             "model.share_embeddings=false", "model.tie_output=false"]
+    metrics = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1", *glove)
     assert metrics["train"]["steps"] == 1
-    trained = load_trained(tmp_path / "run" / "checkpoints" / "last.pt", torch.device("cpu"))
+    resumed = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=2", *glove,
+                     f"resume={tmp_path / 'run'}")  # the optimizer must get the same (unfrozen) parameters
+    assert resumed["train"]["steps"] == 2
+    trained = load_trained(RunDir(tmp_path / "run").last, torch.device("cpu"))
     weight = trained.model.src_token_embedding.weight
     for word, vector in rows.items():
         assert torch.equal(weight[trained.src_tok.encode(word)[0]], torch.tensor(vector))  # frozen: unchanged
 
 
-def test_resume_continues_to_the_same_step_count(compose_config, toy_corpus, tmp_path):
+def test_resume_continues_in_its_run_directory_and_refuses_other_batches(compose_config, toy_corpus, tmp_path,
+                                                                          caplog):
     first = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=10")
     assert first["train"]["steps"] == 10
-    resumed = _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=20",
-                     f"resume={tmp_path / 'run'}")
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"training\.max_tokens: the checkpoint .*last\.pt was trained with 512, "
+                                          r"the config says 256; resume with the same value"):
+        _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=20", "training.max_tokens=256",
+               f"resume={run.root}")
+    run.log_file.write_text("the first run's log\n", encoding="utf-8")  # what Hydra wrote for the first run
+    with caplog.at_level("INFO"):  # a longer max_steps is allowed: it changes when to stop, not the batches
+        resumed = _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=20",
+                         f"resume={run.root}")
     assert resumed["train"]["steps"] == 20
-    assert (tmp_path / "run" / "metrics.json").is_file()  # the resumed run writes into its own directory
+    assert run.metrics.is_file() and not (tmp_path / "elsewhere").exists()  # checkpoints and metrics: the run's dir
+    log_lines = run.log_file.read_text(encoding="utf-8").splitlines()
+    assert log_lines[0] == "the first run's log"  # appended
+    assert any("resuming the run in" in line for line in log_lines) and any("test (" in line for line in log_lines)
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""The README's Python examples run as written."""
+"""The README's Python examples run as written and print what their comments say, doctest-style: every
+``print(...)`` line ends with ``# <expected output>``, compared line by line with what the block printed."""
 
 from __future__ import annotations
 
@@ -11,11 +12,24 @@ from conftest import REPO
 BLOCKS = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
 
 
+def expected_output(block: str) -> list[str]:
+    """The ``# ...`` comment of each ``print(`` line, in order; a print without one is an error."""
+    expected = []
+    for line in block.splitlines():
+        if line.lstrip().startswith("print("):
+            match = re.search(r"\)\s+# (.+)$", line)
+            assert match, f"README example: a print without its expected output: {line.strip()!r}"
+            expected.append(match.group(1).strip())
+    return expected
+
+
 def test_readme_has_python_examples():
     assert BLOCKS
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_example_runs(index, capsys):
+def test_readme_python_example_prints_what_it_shows(index, capsys):
+    expected = expected_output(BLOCKS[index])
+    assert expected  # the examples show what they do
     exec(compile(BLOCKS[index], f"README.md python block {index}", "exec"), {})
-    assert capsys.readouterr().out.strip()  # the examples print what they show
+    assert capsys.readouterr().out.splitlines() == expected

@@ -11,10 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.config import ModelConfig
+from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig, ModelConfig, TrainConfig
+from transformer import visualize
+from transformer.inference import TrainedModel
 from transformer.model import build_model
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, WordTokenizer
 from transformer.visualize import (
+    dump_attention,
     AttentionMaps,
     compute_attention_maps,
     load_attention_maps,
@@ -135,3 +138,34 @@ def test_log_attention_maps_adds_every_figure(model: nn.Module, tmp_path: Path) 
     real.close()
     events = list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 10_000  # the PNG-encoded images are in it
+
+
+def _trained(model: nn.Module) -> TrainedModel:
+    tok = WordTokenizer([*SPECIAL_PIECES, *"abcdefghijklmnopqrstuvwxyz"])  # 30 ids, like the model fixture
+    return TrainedModel(model, tok, tok, TrainConfig(), Path("final.pt"))
+
+
+def test_dump_attention_writes_chosen_sentences_and_texts(model: nn.Module, tmp_path: Path, monkeypatch) -> None:
+    saved, logged = {}, []  # drawing is tested above; here only what is drawn, and under which names
+
+    def save(maps: AttentionMaps, out: Path, name: str) -> list[Path]:
+        saved[name] = maps
+        return [Path(out) / f"{name}.npz"]
+
+    monkeypatch.setattr(visualize, "save_attention_maps", save)
+    monkeypatch.setattr(visualize, "log_attention_maps", lambda writer, maps, tag, step: logged.append((writer, tag)))
+    cfg = AttentionDumpConfig(indices=[1], texts=["c d e"], on_reference=True, max_tokens=3)
+    writer = RecordingWriter()
+    paths = dump_attention(cfg, _trained(model), EvalConfig(beam_size=1), ["a b", "b c d e f"], ["x", "y z"],
+                           ["p", "q r"], tmp_path, writer)
+    assert list(saved) == ["test1_hyp", "test1_ref", "text0_hyp"]  # a given text has no reference
+    assert paths == [tmp_path / f"{name}.npz" for name in saved]
+    assert saved["test1_hyp"].src_pieces == ["b", "c", "d"] and saved["test1_hyp"].tgt_pieces == ["q", "r", "</s>"]
+    assert saved["test1_ref"].tgt_pieces == ["y", "z", "</s>"] and saved["text0_hyp"].src_pieces == ["c", "d", "e"]
+    assert logged == [(writer, f"attention/{name}") for name in saved]
+
+
+def test_dump_attention_rejects_an_index_outside_the_test_set(model: nn.Module, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"attention.indices: 2 is outside the test set \(0..1\)"):
+        dump_attention(AttentionDumpConfig(indices=[2]), _trained(model), EvalConfig(beam_size=1), ["a", "b"],
+                       ["a", "b"], ["a", "b"], tmp_path, None)

@@ -1,5 +1,6 @@
-"""Tiny training setups shared by the trainer and distributed tests: a copy task, a tiny real Transformer,
-and a Trainer built from them (CPU, seconds)."""
+"""Tiny training setups shared by the tests: a copy task, a tiny real Transformer and a Trainer built from
+them (CPU, seconds), and the digit-reversal task a small model learns from scratch (the ``reversal_model``
+fixture of conftest.py trains it once per session)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def copy_pairs(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
 def tiny_model(seed: int, dropout: float = 0.1) -> nn.Module:
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=dropout,
-                      max_positions=32)
+                      max_positions=32, share_embeddings=False)
     return build_model(cfg, VOCAB, VOCAB, PAD)
 
 
@@ -111,3 +112,50 @@ def make_trainer(
 
 def parameters(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Digit reversal: the target is the source reversed; learned from scratch to ~100 % exact match
+# --------------------------------------------------------------------------------------------------
+
+FIRST_DIGIT = 4  # the ten digits are ids 4..13, after the tokenizer's special ids
+REVERSAL_VOCAB = FIRST_DIGIT + 10
+
+
+def reversal_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``n`` random digit strings of 3-8 digits: (src, tgt_in, tgt_out), the target being the source reversed.
+
+    Returns:
+        src (n, width), tgt_in (n, width + 1) = BOS + reversed digits, tgt_out (n, width + 1) = reversed
+        digits + EOS; right-padded with PAD, width the longest string.
+    """
+    lengths = torch.randint(3, 9, (n,), generator=gen).tolist()
+    width = max(lengths)
+    src = torch.full((n, width), PAD)
+    tgt_in = torch.full((n, width + 1), PAD)
+    tgt_out = torch.full((n, width + 1), PAD)
+    for i, length in enumerate(lengths):
+        digits = torch.randint(FIRST_DIGIT, REVERSAL_VOCAB, (length,), generator=gen)
+        src[i, :length] = digits
+        tgt_in[i, 0], tgt_in[i, 1 : length + 1] = BOS, digits.flip(0)
+        tgt_out[i, :length], tgt_out[i, length] = digits.flip(0), EOS
+    return src, tgt_in, tgt_out
+
+
+def train_reversal_model(steps: int = 600) -> nn.Module:
+    """A 2+2-layer d_model-32 model trained from scratch on digit reversal (Adam, linear decay); eval mode."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                      max_positions=64, share_embeddings=False)
+    model = build_model(cfg, REVERSAL_VOCAB, REVERSAL_VOCAB, PAD)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        src, tgt_in, tgt_out = reversal_batch(gen, 64)
+        loss = F.cross_entropy(model(src, tgt_in).transpose(1, 2), tgt_out, ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    return model.eval()

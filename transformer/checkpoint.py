@@ -15,18 +15,27 @@ plus whatever the caller adds (resolved config, model config, tokenizer states) 
 value must be loadable by ``torch.load(weights_only=True)``: tensors, str, int, float, bool, None and
 lists/tuples/dicts of them. :func:`save_checkpoint` checks this before writing so a bad value (an Enum,
 a Path) fails at save time naming its key, not at resume time.
+
+Also here, because they decide what a checkpoint is used for: the layout of a run directory
+(:class:`RunDir`, the one place its file names are spelled), whether a config may resume a checkpoint
+(:func:`check_resume_config`), and which weights a finished run keeps (:func:`choose_final_weights`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from transformer.config import ConfigError
 
 CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
@@ -35,6 +44,53 @@ TRAINER_KEYS = frozenset({
 })
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU
+LAST_FILE = "last.pt"  # the newest checkpoint: what a resume continues from
+FINAL_FILE = "final.pt"  # the model the test score belongs to: best, or the average of the last N
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The layout of one training run directory; every file name in it is spelled here and nowhere else.
+
+    ``train.log`` is Hydra's job log (``hydra.job.name`` is ``train``); a resumed run appends to it.
+    """
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / BEST_FILE
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints / LAST_FILE
+
+    @property
+    def final(self) -> Path:
+        return self.checkpoints / FINAL_FILE
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.json"
+
+    @property
+    def test_hypotheses(self) -> Path:
+        return self.root / "test.hyp.txt"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "train.log"
 
 
 class CheckpointError(ValueError):
@@ -138,7 +194,7 @@ def _link_atomically(source: Path, target: Path) -> None:
 
 
 class CheckpointManager:
-    """Checkpoint files of one run directory: ``last.pt``, ``best.pt`` and rotated ``step_{N}.pt``.
+    """Checkpoint files of one run's ``checkpoints/`` folder: ``last.pt``, ``best.pt`` and rotated ``step_{N}.pt``.
 
     ``save`` writes ``step_{N}.pt`` once and points ``last.pt`` (and ``best.pt`` when ``is_best``) at the
     same bytes via hard links, so a save costs one write. Only the newest ``keep_last`` step files are kept.
@@ -152,11 +208,11 @@ class CheckpointManager:
 
     @property
     def last_path(self) -> Path:
-        return self.directory / "last.pt"
+        return self.directory / LAST_FILE
 
     @property
     def best_path(self) -> Path:
-        return self.directory / "best.pt"
+        return self.directory / BEST_FILE
 
     def save(self, state: dict, step: int, *, is_best: bool, periodic: bool = True) -> Path:
         """Write ``state`` as the latest checkpoint; return the path written.
@@ -232,3 +288,129 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
         key: (total[key] / len(paths)).to(tensor.dtype) if tensor.is_floating_point() else tensor
         for key, tensor in reference.items()
     }
+
+
+def save_model(weights: dict[str, torch.Tensor], like: dict, path: str | Path, source: str | None = None) -> None:
+    """Write model weights with the metadata of checkpoint ``like`` (config, model config, tokenizers, step)
+    but no training state: what ``final.pt`` and ``transformer-average`` write; ``source`` says where the
+    weights came from."""
+    state = {key: like[key] for key in ("config", "model_config", "tokenizers", "step") if key in like}
+    save_checkpoint({**state, "model": weights, **({"source": source} if source is not None else {})}, path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resuming: which config may continue which checkpoint
+# --------------------------------------------------------------------------------------------------
+
+# Dotted keys (and their subtrees) a resumed run must share with its checkpoint: they shape the model or
+# the batches, and the exact resume (the same batches in the same order) depends on every one of them.
+RESUME_MUST_MATCH = (
+    "model", "data.corpus", "data.dir", "data.src", "data.tgt", "data.train_split", "data.max_pairs",
+    "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
+    "training.accumulate", "training.pad_to_multiple",
+)
+# Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
+RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")
+# Settings that change the optimisation from the resumed step on, but not the batches: allowed, with a warning.
+RESUME_WARN = (
+    "training.lr", "training.warmup_steps", "training.schedule", "training.min_lr", "training.betas",
+    "training.eps", "training.weight_decay", "training.label_smoothing", "training.clip_grad_norm",
+    "training.precision",
+)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _under(key: str, prefixes: Sequence[str]) -> bool:
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
+
+
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: str | Path) -> None:
+    """Refuse to resume checkpoint ``path`` with a config that would not continue it; warn where it changes
+    the optimisation only.
+
+    Args:
+        saved: the resolved config stored in the checkpoint (``checkpoint["config"]``).
+        current: this run's resolved config as plain values (``to_plain_dict(cfg)``).
+        path: the checkpoint, for the messages.
+
+    Raises:
+        ConfigError: naming the first differing key of :data:`RESUME_MUST_MATCH`, both values and why.
+    """
+    old, new = _flatten(saved), _flatten(current)
+    for key in sorted(old.keys() & new.keys()):  # a key one side lacks (an older schema) is not compared
+        if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):
+            continue
+        if _under(key, RESUME_MUST_MATCH):
+            why = ("resume with the same model settings" if key.startswith("model.") else
+                   "resume with the same value: it changes the batches or how they form steps, so the run "
+                   "would not continue exactly where it stopped")
+            raise ConfigError(f"{key}: the checkpoint {path} was trained with {old[key]!r}, "
+                              f"the config says {new[key]!r}; {why}")
+        if _under(key, RESUME_WARN):
+            log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
+                        "the new value (same batches, a different optimisation from here on)",
+                        key, path, old[key], new[key])
+
+
+def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, RunDir]:
+    """The checkpoint to continue and the run directory the resumed run writes into (the original one).
+
+    Args:
+        target: a run directory (its ``last.pt`` is used) or a checkpoint file inside ``checkpoints/``.
+        config: this run's resolved config as plain values, checked by :func:`check_resume_config`.
+    """
+    target = Path(target)
+    run = RunDir(target) if target.is_dir() else RunDir(target.parent.parent)
+    path = run.last if target.is_dir() else target
+    state = load_checkpoint(path, map_location="cpu")
+    if "config" not in state:
+        raise CheckpointError(f"{path}: holds no resolved config, so it cannot be checked for a resume")
+    check_resume_config(state["config"], config, path)
+    return state, run
+
+
+# --------------------------------------------------------------------------------------------------
+# The weights a finished run keeps
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FinalWeights:
+    """The weights chosen for the final model, where they came from and their validation BLEU."""
+
+    weights: dict[str, torch.Tensor]
+    source: str  # "best (step N)" or "average of the last K checkpoints"
+    valid_bleu: float
+
+
+def choose_final_weights(folder: str | Path, keep_last: int, average_last: int,
+                         validate: Callable[[dict[str, torch.Tensor]], float]) -> FinalWeights:
+    """``best.pt``, or the average of the newest ``average_last`` step checkpoints when that validates higher.
+
+    Averaging the last checkpoints usually gains a little BLEU (Vaswani et al., 2017, §6.1), but not on
+    every run, so it is kept only when its own validation BLEU beats the best checkpoint's (ties: best).
+
+    Args:
+        folder: a run's ``checkpoints/`` folder.
+        keep_last, average_last: ``training.keep_last`` and ``training.average_last`` (0 or 1: best only).
+        validate: state dict -> validation BLEU; called once, on the averaged weights.
+    """
+    best = load_checkpoint(Path(folder) / BEST_FILE, map_location="cpu")
+    chosen = FinalWeights(best["model"], f"best (step {best['step']})", float(best["best_bleu"]))
+    paths = CheckpointManager(folder, keep_last).recent(average_last) if average_last > 1 else []
+    if len(paths) < 2:
+        return chosen
+    averaged = FinalWeights(average_checkpoints(paths), f"average of the last {len(paths)} checkpoints", 0.0)
+    averaged.valid_bleu = float(validate(averaged.weights))
+    log.info("validation BLEU: best checkpoint %.2f, %s %.2f", chosen.valid_bleu, averaged.source, averaged.valid_bleu)
+    return averaged if averaged.valid_bleu > chosen.valid_bleu else chosen

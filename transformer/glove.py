@@ -4,20 +4,34 @@ Accepted files: plain text (``word v1 … vd`` per line), gzipped text (``.gz``)
 (``glove.6B.zip`` with the member chosen by dimension, or ``archive.zip:member.txt``), and text with a
 word2vec header line (``N D``). Files are streamed: with a vocabulary given, only the vectors of needed
 words are parsed and kept, so the 400k-line Stanford files never become a 400k-entry dict.
+
+:func:`init_model_embeddings` maps ``model.glove`` onto a model's source and/or target embeddings.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import logging
 import zipfile
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor, nn
+
+from transformer.config import ConfigError, GloveConfig
+
+if TYPE_CHECKING:  # annotations only
+    from transformer.data import TranslationDataset
+    from transformer.model import Transformer
+    from transformer.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class GloveError(ValueError):
@@ -193,8 +207,8 @@ def _candidates(piece: str) -> list[str]:
 
 
 def init_embedding_from_glove(embedding: nn.Embedding, pieces: list[str], path: str | Path, *,
-                              counts: dict[str, int] | None = None, freeze: bool = False,
-                              rescale: bool = False, skip_ids: Collection[int] = ()) -> Coverage:
+                              rescale: bool, counts: dict[str, int] | None = None, freeze: bool = False,
+                              skip_ids: Collection[int] = ()) -> Coverage:
     """Copy vectors into the rows of ``embedding`` whose piece has one; other rows keep their init.
 
     Matching per piece: exact, then lowercase; a SentencePiece piece ``▁word`` also matches ``word``.
@@ -241,3 +255,69 @@ def init_embedding_from_glove(embedding: nn.Embedding, pieces: list[str], path: 
         token_rate = hit / total if total else 0.0
     n = len(considered)
     return Coverage(n, len(found), len(found) / n if n else 0.0, token_rate)
+
+
+# --------------------------------------------------------------------------------------------------
+# A model's embeddings
+# --------------------------------------------------------------------------------------------------
+
+
+def check_dimension(glove: GloveConfig, d_model: int) -> None:
+    """Fail before any work when the vector file's dimension cannot match the model (no-op without a path)."""
+    if glove.path is None:
+        return
+    dim = vector_dim(glove.path, expected_dim=d_model)
+    if dim != d_model:
+        raise ConfigError(
+            f"model.glove.path: {glove.path} holds {dim}-dimensional vectors but model.d_model={d_model}; "
+            f"use a model whose d_model is {dim} (e.g. model=glove{dim}) or vectors of size {d_model}"
+        )
+
+
+def _sides(model: Transformer, glove: GloveConfig) -> list[tuple[str, nn.Embedding]]:
+    """``(side, embedding)`` for the sides ``glove.side`` names, source first."""
+    embeddings = [("src", model.src_token_embedding), ("tgt", model.tgt_token_embedding)]
+    return [(side, embedding) for side, embedding in embeddings if glove.side.value in (side, "both")]
+
+
+def piece_counts(tokens: np.ndarray, tok: Tokenizer) -> dict[str, int]:
+    """Corpus frequency of every piece that occurs in ``tokens`` (an id array of one side)."""
+    counts = np.bincount(tokens, minlength=tok.vocab_size)
+    return {tok.id_to_piece(i): int(c) for i, c in enumerate(counts.tolist()) if c}
+
+
+def init_model_embeddings(model: Transformer, glove: GloveConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                          train_set: TranslationDataset) -> dict[str, Coverage]:
+    """Copy GloVe vectors into the embeddings of the side(s) ``glove.side`` names and log each side's coverage.
+
+    Each side is matched with its own tokenizer's pieces and its token coverage is counted on its own side
+    of the training data, also when a joint vocabulary makes ``src_tok`` and ``tgt_tok`` one object.
+    Special tokens keep their random init.
+
+    Returns:
+        ``{"src": Coverage, "tgt": Coverage}`` for the initialised sides; empty without ``glove.path``.
+    """
+    if glove.path is None:
+        return {}
+    tokenizers = {"src": (src_tok, train_set.src_tokens), "tgt": (tgt_tok, train_set.tgt_tokens)}
+    coverages = {}
+    for side, embedding in _sides(model, glove):
+        tok, tokens = tokenizers[side]
+        coverages[side] = init_embedding_from_glove(
+            embedding, tok.pieces(), glove.path, counts=piece_counts(tokens, tok), freeze=glove.freeze,
+            rescale=glove.rescale, skip_ids={tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id},
+        )
+        log.info("GloVe %s embeddings: %s", side, coverages[side])
+    return coverages
+
+
+def refreeze_model_embeddings(model: Transformer, glove: GloveConfig) -> None:
+    """On resume, freeze again what :func:`init_model_embeddings` froze (``requires_grad`` is not saved),
+    so the optimizer gets the same parameters as the run that wrote the checkpoint.
+
+    Args:
+        glove: the checkpoint's own ``model.glove`` (what was frozen), not the resuming config's.
+    """
+    if glove.path is not None and glove.freeze:
+        for _, embedding in _sides(model, glove):
+            embedding.weight.requires_grad_(False)

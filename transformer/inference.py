@@ -1,5 +1,5 @@
-"""Using a trained model: rebuild it from a checkpoint (no YAML needed), translate and score texts, and
-compute the attention maps of a sentence pair."""
+"""Using a trained model: find its checkpoint in a run directory, rebuild it (no YAML needed), translate and
+score texts. (Attention maps of a trained model's sentences: ``visualize.dump_attention``.)"""
 
 from __future__ import annotations
 
@@ -14,9 +14,6 @@ from transformer.decoding import translate
 from transformer.metrics import Scores, corpus_scores
 from transformer.model import Transformer, build_model
 from transformer.tokenizer import Tokenizer, tokenizer_from_state
-from transformer.visualize import AttentionMaps, compute_attention_maps
-
-FINAL_CHECKPOINT = "final.pt"  # the model the test score belongs to: best, or the average of the last N
 
 
 @dataclass
@@ -32,11 +29,12 @@ class TrainedModel:
 
 def find_checkpoint(run_dir: str | Path) -> Path:
     """The checkpoint of a training run to evaluate: final, else best, else last."""
-    folder = Path(run_dir) / "checkpoints"
-    for name in (FINAL_CHECKPOINT, "best.pt", "last.pt"):
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"no checkpoint in {folder} (looked for {FINAL_CHECKPOINT}, best.pt, last.pt)")
+    run = ckpt.RunDir(Path(run_dir))
+    candidates = (run.final, run.best, run.last)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"no checkpoint in {run.checkpoints} (looked for {', '.join(p.name for p in candidates)})")
 
 
 def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
@@ -63,15 +61,3 @@ def format_scores(scores: Scores) -> str:
     """BLEU and chrF with their sacreBLEU signatures, for the log."""
     return (f"BLEU {scores.bleu:.2f} chrF {scores.chrf:.2f} on {scores.n_sentences} sentences\n"
             f"  {scores.bleu_signature}\n  {scores.chrf_signature}")
-
-
-def attention_maps(trained: TrainedModel, source: str, target: str, max_tokens: int) -> AttentionMaps:
-    """All attention weights of one sentence pair, teacher-forced on ``target`` (both cut to ``max_tokens``)."""
-    src_ids = trained.src_tok.encode(source)[:max_tokens]
-    tgt_ids = trained.tgt_tok.encode(target)[:max_tokens]
-    return compute_attention_maps(
-        trained.model, src_ids, tgt_ids,
-        src_pieces=[trained.src_tok.id_to_piece(i) for i in src_ids],
-        tgt_pieces=[trained.tgt_tok.id_to_piece(i) for i in tgt_ids],
-        bos_id=trained.tgt_tok.bos_id, eos_id=trained.tgt_tok.eos_id, pad_id=trained.src_tok.pad_id,
-    )

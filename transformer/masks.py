@@ -16,6 +16,9 @@ from torch import Tensor
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     """Keys that are padding may not be attended.
 
+    On the source ids this is both the encoder self-attention mask and the cross-attention mask: it
+    broadcasts over heads and queries to (batch, heads, q_len, src_len).
+
     Args:
         tokens: (batch, k_len) token ids.
         pad_id: the padding id.
@@ -74,16 +77,3 @@ def cached_decoder_self_mask(q_len: int, key_valid: Tensor) -> Tensor:
     k_len = key_valid.size(1)
     return causal_mask(q_len, k_len, device=key_valid.device) & key_valid[:, None, None, :]
 
-
-def cross_mask(src: Tensor, pad_id: int) -> Tensor:
-    """Cross-attention: every target query may attend to every source key that is not padding.
-
-    Args:
-        src: (batch, src_len) source ids.
-        pad_id: the padding id.
-
-    Returns:
-        (batch, 1, 1, src_len) bool; broadcasts over heads and target queries to
-        (batch, heads, tgt_len, src_len). The same tensor serves as the encoder self-attention mask.
-    """
-    return padding_mask(src, pad_id)

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from transformer import checkpoint as ckpt
-from transformer import corpus_cache
+from transformer import corpus_cache, glove
 from transformer.batching import TokenBucketSampler, collate_arrays
 from transformer.config import (
     ConfigError,
@@ -35,16 +36,7 @@ from transformer.corpus_files import corpus_paths, load_split
 from transformer.data import TranslationDataset, read_parallel
 from transformer.decoding import translate as translate_texts
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
-from transformer.glove import init_embedding_from_glove, vector_dim
-from transformer.inference import (
-    FINAL_CHECKPOINT,
-    TrainedModel,
-    attention_maps,
-    find_checkpoint,
-    format_scores,
-    load_trained,
-    score_texts,
-)
+from transformer.inference import find_checkpoint, format_scores, load_trained, score_texts
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
 from transformer.runtime import (
@@ -58,9 +50,10 @@ from transformer.tokenizer import Tokenizer, tokenizer_from_state
 from transformer.tracking import Tracker
 from transformer.trainer import Trainer
 from transformer.validation import make_validator
-from transformer.visualize import log_attention_maps, save_attention_maps
+from transformer.visualize import dump_attention
 
 log = logging.getLogger(__name__)
+_LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job-log format
 
 
 def _resolve_model_path(run_dir: str | None, checkpoint: str | None) -> Path:
@@ -111,54 +104,42 @@ def build_training_data(cfg: TrainConfig, run_dir: Path, dist: DistContext,
 # --------------------------------------------------------------------------------------------------
 
 
-def _check_glove(cfg: ModelConfig) -> None:
-    """Fail before any work when the vector file's dimension cannot match the model."""
-    if cfg.glove.path is None:
-        return
-    dim = vector_dim(cfg.glove.path, expected_dim=cfg.d_model)
-    if dim != cfg.d_model:
-        raise ConfigError(
-            f"model.glove.path: {cfg.glove.path} holds {dim}-dimensional vectors but model.d_model={cfg.d_model}; "
-            f"use a model whose d_model is {dim} (e.g. model=glove{dim}) or vectors of size {cfg.d_model}"
-        )
-
-
-def _apply_glove(model: Transformer, cfg: ModelConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
-                 counts: dict[str, dict[str, int]]) -> None:
-    sides = {"src": [(model.src_token_embedding, src_tok)], "tgt": [(model.tgt_token_embedding, tgt_tok)]}
-    sides["both"] = sides["src"] + sides["tgt"]
-    special = {src_tok.pad_id, src_tok.unk_id, src_tok.bos_id, src_tok.eos_id}
-    for embedding, tok in sides[cfg.glove.side.value]:
-        side = "src" if tok is src_tok else "tgt"
-        coverage = init_embedding_from_glove(
-            embedding, tok.pieces(), cfg.glove.path, counts=counts[side], freeze=cfg.glove.freeze,
-            rescale=cfg.glove.rescale, skip_ids=special
-        )
-        log.info("GloVe %s embeddings: %s", side, coverage)
-
-
-def _piece_counts(tokens: np.ndarray, tok: Tokenizer) -> dict[str, int]:
-    counts = np.bincount(tokens, minlength=tok.vocab_size)
-    return {tok.id_to_piece(i): int(c) for i, c in enumerate(counts.tolist()) if c}
-
-
-def _resume_state(cfg: TrainConfig) -> tuple[dict[str, Any] | None, Path]:
-    """The checkpoint to resume from (if any) and the run directory to write into."""
+def _start_run(cfg: TrainConfig) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
+    """Checks before any work, then the checkpoint to resume (checked against ``cfg``; None for a new run)
+    and the run directory to write into: ``output_dir``, or the resumed run's own directory."""
+    configure_threads(cfg.training.threads)
+    set_deterministic(cfg.training.deterministic)
+    seed_everything(cfg.training.seed)
+    glove.check_dimension(cfg.model.glove, cfg.model.d_model)
     if cfg.resume is None:
-        return None, Path(cfg.output_dir)
-    target = Path(cfg.resume)
-    path = target / "checkpoints" / "last.pt" if target.is_dir() else target
-    state = ckpt.load_checkpoint(path, map_location="cpu")
-    saved_model = from_plain_dict(ModelConfig, state["model_config"])
-    for key, value in asdict(saved_model).items():
-        if getattr(cfg.model, key) != value and key != "glove":
-            raise ConfigError(
-                f"model.{key}: the checkpoint {path} was trained with {value!r}, the config says "
-                f"{getattr(cfg.model, key)!r}; resume with the same model settings"
-            )
-    run_dir = target if target.is_dir() else path.parent.parent
-    log.info("resuming from %s (step %s) in %s", path, state.get("step"), run_dir)
-    return state, run_dir
+        resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
+    else:
+        resumed, run = ckpt.load_for_resume(cfg.resume, to_plain_dict(cfg))
+    run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
+    run.root.mkdir(parents=True, exist_ok=True)
+    return resumed, run
+
+
+@contextmanager
+def _log_into(path: Path | None) -> Iterator[None]:
+    """Also append the log to ``path`` meanwhile (None, or a file the log already goes to: nothing to add).
+
+    A resumed run writes its checkpoints into the original run directory, so its log continues that run's
+    ``train.log`` there too; Hydra's directory for this invocation keeps its own copy.
+    """
+    root = logging.getLogger()
+    files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    if path is None or any(Path(h.baseFilename) == path.absolute() for h in files):
+        yield
+        return
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(files[0].formatter if files else logging.Formatter(_LOG_FORMAT))
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
@@ -168,45 +149,42 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     """
     dist = init_distributed(choose_device(cfg.device))
     try:
-        metrics = _train(cfg, dist)
+        resumed, run = _start_run(cfg)
+        with _log_into(run.log_file if resumed is not None and dist.is_main else None):
+            metrics = _train(cfg, dist, resumed, run)
         dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
         return metrics
     finally:
         cleanup()
 
 
-def _train(cfg: TrainConfig, dist: DistContext) -> dict[str, Any]:
-    configure_threads(cfg.training.threads)
-    set_deterministic(cfg.training.deterministic)
-    seed_everything(cfg.training.seed)
-    _check_glove(cfg.model)
-    resumed, run_dir = _resume_state(cfg)
-    run_dir = Path(broadcast_object(str(run_dir)))  # under torchrun, ranks may have timestamped dirs apart
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-    src_tok, tgt_tok, train_set = build_training_data(cfg, run_dir, dist,
+def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, run: ckpt.RunDir) -> dict[str, Any]:
+    if resumed is not None:
+        log.info("resuming the run in %s at step %d; its log and checkpoints continue there", run.root, resumed["step"])
+    src_tok, tgt_tok, train_set = build_training_data(cfg, run.root, dist,
                                                       resumed["tokenizers"] if resumed else None)
     valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
 
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
-    if cfg.model.glove.path is not None and resumed is None:
-        counts = {"src": _piece_counts(train_set.src_tokens, src_tok), "tgt": _piece_counts(train_set.tgt_tokens, tgt_tok)}
-        _apply_glove(model, cfg.model, src_tok, tgt_tok, counts)
+    if resumed is None:
+        glove.init_model_embeddings(model, cfg.model.glove, src_tok, tgt_tok, train_set)
+    else:  # the checkpoint holds the GloVe-initialised weights; only what it froze must be frozen again
+        glove.refreeze_model_embeddings(model, from_plain_dict(ModelConfig, resumed["model_config"]).glove)
     model.to(dist.device)
     log.info("model: %.2fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
 
-    tracker = Tracker(run_dir / "tensorboard", enabled=dist.is_main)
+    tracker = Tracker(run.tensorboard, enabled=dist.is_main)
     validate = make_validator(valid_src, valid_ref, src_tok, tgt_tok, cfg, dist.device, tracker)
-    trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run_dir, validate)
+    trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate)
     if resumed is not None:
         trainer.load_state(resumed)
     result = trainer.fit()
     metrics: dict[str, Any] = {"train": asdict(result)}
     if dist.is_main:
-        metrics.update(_final_evaluation(cfg, run_dir, model, src_tok, tgt_tok, dist.device, tracker,
+        metrics.update(_final_evaluation(cfg, run, model, src_tok, tgt_tok, dist.device, tracker,
                                          validate, result.steps))
-        _write_json(run_dir / "metrics.json", metrics)
+        _write_json(run.metrics, metrics)
         tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
     tracker.close()
     return metrics
@@ -226,7 +204,7 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
         dataset=train_set, sampler=sampler,
         collate_fn=lambda indices: collate_arrays(train_set, indices, **specials),
         pad_id=tgt_tok.pad_id, device=dist.device, dist=dist, tracker=tracker,
-        checkpoints=ckpt.CheckpointManager(run_dir / "checkpoints", cfg.training.keep_last),
+        checkpoints=ckpt.CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
         validate=validate, extra_state=_extra_state(cfg, src_tok, tgt_tok),
     )
 
@@ -246,45 +224,27 @@ def _hparams(cfg: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if v is not None}
 
 
-def _final_weights(cfg: TrainConfig, folder: Path, model: Transformer,
-                   validate: Callable[[torch.nn.Module, int], dict[str, float]], step: int
-                   ) -> tuple[dict[str, Any], str, float]:
-    """The weights to keep: best.pt, or the average of the last checkpoints when that validates higher.
-
-    Returns (model state, where it came from, its validation BLEU).
-    """
-    best = ckpt.load_checkpoint(folder / "best.pt", map_location="cpu")
-    candidates = [(best["model"], f"best (step {best['step']})", float(best["best_bleu"]))]
-    n_average = cfg.training.average_last
-    paths = ckpt.CheckpointManager(folder, cfg.training.keep_last).recent(n_average) if n_average > 1 else []
-    if len(paths) > 1:
-        averaged = ckpt.average_checkpoints(paths)
-        model.load_state_dict(averaged)
-        bleu = validate(model, step)["bleu"]
-        candidates.append((averaged, f"average of the last {len(paths)} checkpoints", bleu))
-        log.info("validation BLEU: best checkpoint %.2f, %s %.2f", candidates[0][2], candidates[1][1], bleu)
-    return max(candidates, key=lambda candidate: candidate[2])
-
-
-def _final_evaluation(cfg: TrainConfig, run_dir: Path, model: Transformer, src_tok: Tokenizer,
+def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, src_tok: Tokenizer,
                       tgt_tok: Tokenizer, device: torch.device, tracker: Tracker,
                       validate: Callable[[torch.nn.Module, int], dict[str, float]], step: int) -> dict[str, Any]:
     """Choose the final weights, save them as final.pt (with tokenizers and config), score them on the test set."""
-    folder = run_dir / "checkpoints"
-    weights, source, valid_bleu = _final_weights(cfg, folder, model, validate, step)
-    model.load_state_dict(weights)
-    last = ckpt.load_checkpoint(folder / "last.pt", map_location="cpu")
-    keep = {key: last[key] for key in ("config", "model_config", "tokenizers", "version", "step")}
-    ckpt.save_checkpoint({**keep, "model": weights, "source": source}, folder / FINAL_CHECKPOINT)
+    def validate_weights(weights: dict[str, torch.Tensor]) -> float:
+        model.load_state_dict(weights)
+        return validate(model, step)["bleu"]
+
+    final = ckpt.choose_final_weights(run.checkpoints, cfg.training.keep_last, cfg.training.average_last,
+                                      validate_weights)
+    model.load_state_dict(final.weights)
+    ckpt.save_model(final.weights, ckpt.load_checkpoint(run.last, map_location="cpu"), run.final, source=final.source)
 
     test_src, test_ref = load_split(cfg.data, cfg.data.test_split)
     scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device)
-    (run_dir / "test.hyp.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    run.test_hypotheses.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=step)
-    log.info("test (%s, %s): %s", cfg.data.test_split, source, format_scores(scores))
+    log.info("test (%s, %s): %s", cfg.data.test_split, final.source, format_scores(scores))
     return {
-        "valid_bleu": valid_bleu, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
-        "test": asdict(scores), "final_weights": source,
+        "valid_bleu": final.valid_bleu, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
+        "test": asdict(scores), "final_weights": final.source,
     }
 
 
@@ -312,34 +272,10 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     _write_json(out / "metrics.json", metrics)
     tracker = Tracker(out / "tensorboard", enabled=True)
     tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=0)
-    _dump_attention(cfg, trained, src, refs, hypotheses, out / "attention", tracker)
+    dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
     tracker.close()
     print(f"{name}: {format_scores(scores)}")
     return metrics
-
-
-def _dump_attention(cfg: EvaluateConfig, trained: TrainedModel, src: list[str], refs: list[str],
-                    hypotheses: list[str], out: Path, tracker: Tracker) -> None:
-    """Attention maps for the chosen test indices and given texts, on the hypothesis (and reference)."""
-    chosen: list[tuple[str, str, str, str | None]] = []  # (name, source, hypothesis, reference)
-    for index in cfg.attention.indices:
-        if not 0 <= index < len(src):
-            raise ConfigError(f"attention.indices: {index} is outside the test set (0..{len(src) - 1})")
-        chosen.append((f"test{index}", src[index], hypotheses[index], refs[index]))
-    if cfg.attention.texts:
-        texts = list(cfg.attention.texts)
-        given = translate_texts(trained.model, texts, trained.src_tok, trained.tgt_tok, cfg.eval,
-                                next(trained.model.parameters()).device, trained.model.max_positions)
-        chosen += [(f"text{i}", text, nbest[0], None) for i, (text, nbest) in enumerate(zip(texts, given))]
-    for name, source, hypothesis, reference in chosen:
-        targets = [("hyp", hypothesis)]
-        if cfg.attention.on_reference and reference is not None:
-            targets.append(("ref", reference))
-        for kind, target in targets:
-            maps = attention_maps(trained, source, target, cfg.attention.max_tokens)
-            paths = save_attention_maps(maps, out, f"{name}_{kind}")
-            log_attention_maps(tracker.writer, maps, f"attention/{name}_{kind}", step=0)
-            log.info("attention maps for %s (%s): %d files in %s", name, kind, len(paths), out)
 
 
 def translate(cfg: TranslateConfig) -> None:
@@ -370,9 +306,7 @@ def _read_input(path: str | None) -> list[str]:
 def average(paths: list[str], out: str) -> None:
     """Average the model weights of several checkpoints of one run into a new checkpoint."""
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")
-    weights = ckpt.average_checkpoints(paths)
-    keep = {key: first[key] for key in ("config", "model_config", "tokenizers", "version", "step") if key in first}
-    ckpt.save_checkpoint({**keep, "model": weights}, out)
+    ckpt.save_model(ckpt.average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")
 
 

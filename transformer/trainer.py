@@ -51,6 +51,7 @@ from transformer.batching import Prefetcher
 from transformer.checkpoint import TRAINER_KEYS, CheckpointManager, check_plain
 from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
+from transformer.metrics import perplexity
 from transformer.optim import learning_rate, set_learning_rate
 from transformer.runtime import autocast, capture_rng_state, defer_sigint, restore_rng_state, seed_everything
 from transformer.tracking import ProgressBar, Tracker
@@ -472,7 +473,7 @@ class Trainer:
                 "grad_norm": check.grad_norm,
                 "tokens_per_s": check.tokens / elapsed,
             }
-            values["ppl"] = math.exp(min(values["nll"], 50.0))
+            values["ppl"] = perplexity(check.nll_sum, check.tokens)
             self.tracker.scalars(values, self.step, prefix="train")
             bar.update(0, loss=values["loss"], tokens_per_s=values["tokens_per_s"])
             log.info("epoch %d step %d: loss %.4f ppl %.2f lr %.3g grad_norm %.3f %.0f tok/s", self.epoch + 1,
@@ -496,7 +497,7 @@ class Trainer:
         if "bleu" not in metrics:
             raise KeyError(f"validate() must return a 'bleu' entry; it returned keys {sorted(metrics)}")
         if "loss" in metrics and "ppl" not in metrics:
-            metrics["ppl"] = math.exp(min(metrics["loss"], 50.0))
+            metrics["ppl"] = perplexity(metrics["loss"], n_tokens=1)  # the loss is already per token
         bleu = metrics["bleu"]
         is_best = self.best_bleu is None or bleu > self.best_bleu
         if is_best:

@@ -3,7 +3,6 @@ translations, a few sample translations and the attention maps of one fixed sent
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Callable
 
@@ -12,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer.batching import TokenBucketSampler, collate
-from transformer.config import TrainConfig
+from transformer.config import AttentionDumpConfig, TrainConfig
 from transformer.decoding import translate
-from transformer.metrics import corpus_scores
+from transformer.metrics import corpus_scores, perplexity
 from transformer.tokenizer import Tokenizer
 from transformer.tracking import Tracker
 from transformer.visualize import alignment_figure, compute_attention_maps, figure_to_array
@@ -37,6 +36,7 @@ def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenize
                        bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id) for indices in sampler]
     n_bleu = cfg.training.valid_max_sentences or len(valid_src)
     greedy = replace(cfg.eval, beam_size=1, n_best=1)
+    figure_tokens = AttentionDumpConfig().max_tokens  # cut as transformer-evaluate cuts its attention figures
 
     @torch.inference_mode()
     def validate(model: nn.Module, step: int) -> dict[str, float]:
@@ -53,10 +53,10 @@ def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenize
                                                        device, cfg.model.max_positions)]
         scores = corpus_scores(hypotheses, valid_ref[:n_bleu])
         _log_samples(tracker, valid_src, valid_ref, hypotheses, cfg.training.n_samples, step)
-        _log_attention(tracker, model, src_tok, tgt_tok, valid_src[0], hypotheses[0], step)
+        _log_attention(tracker, model, src_tok, tgt_tok, valid_src[0], hypotheses[0], step, figure_tokens)
         model.train(was_training)
-        loss = nll / max(n_tokens, 1)
-        return {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "bleu": scores.bleu, "chrf": scores.chrf}
+        n_tokens = max(n_tokens, 1)
+        return {"loss": nll / n_tokens, "ppl": perplexity(nll, n_tokens), "bleu": scores.bleu, "chrf": scores.chrf}
 
     return validate
 
@@ -67,12 +67,13 @@ def _log_samples(tracker: Tracker, src: list[str], ref: list[str], hyp: list[str
 
 
 def _log_attention(tracker: Tracker, model: nn.Module, src_tok: Tokenizer, tgt_tok: Tokenizer,
-                   source: str, hypothesis: str, step: int) -> None:
+                   source: str, hypothesis: str, step: int, max_tokens: int) -> None:
     """The source-target alignment (last layer, head-averaged cross-attention) of the first validation
-    sentence, teacher-forced on the model's own translation: one picture per validation, cheap to draw."""
+    sentence, teacher-forced on the model's own translation: one picture per validation, cheap to draw.
+    Both sides are cut to ``max_tokens`` tokens."""
     if not tracker.enabled:
         return
-    src_ids, tgt_ids = src_tok.encode(source)[:48], tgt_tok.encode(hypothesis)[:48]
+    src_ids, tgt_ids = src_tok.encode(source)[:max_tokens], tgt_tok.encode(hypothesis)[:max_tokens]
     maps = compute_attention_maps(
         model, src_ids, tgt_ids,
         src_pieces=[src_tok.id_to_piece(i) for i in src_ids], tgt_pieces=[tgt_tok.id_to_piece(i) for i in tgt_ids],

@@ -9,15 +9,19 @@ Figures are drawn with matplotlib's object API (``Figure`` + the Agg canvas), ne
 nothing touches global state or needs a display. Figure size grows with sentence length and the
 labels are small and rotated, so 40-piece sentences stay readable.
 
+:func:`dump_attention` is what ``transformer-evaluate`` calls: the maps of chosen test sentences and given
+texts, written as files and TensorBoard images.
+
 Shape names: layers, heads, src_len (S), tgt_len (T = target pieces + 1).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +29,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import nn
 
+from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig
+from transformer.decoding import translate
 from transformer.tokenizer import BOS_PIECE, EOS_PIECE
+
+if TYPE_CHECKING:  # annotations only
+    from transformer.inference import TrainedModel
+
+log = logging.getLogger(__name__)
 
 _CELL_INCHES = 0.17  # per token on each axis
 _MIN_PANEL_INCHES = 2.4
@@ -244,3 +255,65 @@ def log_attention_maps(writer: ImageWriter | None, maps: AttentionMaps, tag: str
         return
     for suffix, fig in attention_figures(maps):
         writer.add_image(f"{tag}/{suffix}", figure_to_array(fig), step, dataformats="HWC")
+
+
+# --------------------------------------------------------------------------------------------------
+# A trained model's sentences (transformer-evaluate)
+# --------------------------------------------------------------------------------------------------
+
+
+def pair_attention_maps(trained: TrainedModel, source: str, target: str, max_tokens: int) -> AttentionMaps:
+    """All attention weights of one sentence pair, teacher-forced on ``target`` (both cut to ``max_tokens``)."""
+    src_ids = trained.src_tok.encode(source)[:max_tokens]
+    tgt_ids = trained.tgt_tok.encode(target)[:max_tokens]
+    return compute_attention_maps(
+        trained.model, src_ids, tgt_ids,
+        src_pieces=[trained.src_tok.id_to_piece(i) for i in src_ids],
+        tgt_pieces=[trained.tgt_tok.id_to_piece(i) for i in tgt_ids],
+        bos_id=trained.tgt_tok.bos_id, eos_id=trained.tgt_tok.eos_id, pad_id=trained.src_tok.pad_id,
+    )
+
+
+def _chosen_sentences(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: EvalConfig, src: list[str],
+                      refs: list[str], hypotheses: list[str]) -> list[tuple[str, str, str, str | None]]:
+    """``(name, source, hypothesis, reference or None)`` for the test indices and texts ``cfg`` names."""
+    chosen: list[tuple[str, str, str, str | None]] = []
+    for index in cfg.indices:
+        if not 0 <= index < len(src):
+            raise ConfigError(f"attention.indices: {index} is outside the test set (0..{len(src) - 1})")
+        chosen.append((f"test{index}", src[index], hypotheses[index], refs[index]))
+    if cfg.texts:
+        texts = list(cfg.texts)
+        given = translate(trained.model, texts, trained.src_tok, trained.tgt_tok, eval_cfg,
+                          next(trained.model.parameters()).device, trained.model.max_positions)
+        chosen += [(f"text{i}", text, nbest[0], None) for i, (text, nbest) in enumerate(zip(texts, given))]
+    return chosen
+
+
+def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: EvalConfig, src: list[str],
+                   refs: list[str], hypotheses: list[str], out: str | Path, writer: ImageWriter | None) -> list[Path]:
+    """Attention maps of the chosen test sentences and given texts, on the hypothesis (and the reference).
+
+    Files go to ``out`` as ``{name}_{hyp|ref}_*.png`` and ``.npz`` (names: ``test{index}``, ``text{i}``);
+    the same figures go to TensorBoard as ``attention/{name}_{hyp|ref}/*``.
+
+    Args:
+        cfg: which sentences (``attention.indices`` into ``src``, ``attention.texts``) and how long.
+        eval_cfg: the decoding used to translate ``attention.texts``.
+        src, refs, hypotheses: the scored test set and the model's translations of it.
+
+    Returns:
+        Every written path.
+    """
+    written: list[Path] = []
+    for name, source, hypothesis, reference in _chosen_sentences(cfg, trained, eval_cfg, src, refs, hypotheses):
+        targets = [("hyp", hypothesis)]
+        if cfg.on_reference and reference is not None:
+            targets.append(("ref", reference))
+        for kind, target in targets:
+            maps = pair_attention_maps(trained, source, target, cfg.max_tokens)
+            paths = save_attention_maps(maps, out, f"{name}_{kind}")
+            log_attention_maps(writer, maps, f"attention/{name}_{kind}", step=0)
+            log.info("attention maps for %s (%s): %d files in %s", name, kind, len(paths), out)
+            written += paths
+    return written

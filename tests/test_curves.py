@@ -1,0 +1,48 @@
+"""Training curves: scalars read back from TensorBoard events with minutes since the run's first event,
+a missing tag named with the ones found, and the PNG drawn at the figure's size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from transformer.curves import Curve, plot_curves, read_curve
+
+T0 = 1_700_000_000.0  # wall-clock seconds of the run's first event
+
+
+@pytest.fixture()
+def run_dir(tmp_path: Path) -> Path:
+    """A run whose first event is a training loss at T0; validation BLEU follows 2, 5 and 9 minutes later."""
+    run = tmp_path / "2026-01-01_00-00-00"
+    with SummaryWriter(log_dir=str(run / "tensorboard")) as writer:
+        writer.add_scalar("train/loss", 5.0, 10, walltime=T0)
+        for step, minutes, bleu in ((100, 2.0, 10.5), (200, 5.0, 20.25), (300, 9.0, 24.0)):
+            writer.add_scalar("valid/bleu", bleu, step, walltime=T0 + 60 * minutes)
+    return run
+
+
+def test_read_curve_measures_minutes_from_the_first_event_of_any_tag(run_dir: Path) -> None:
+    curve = read_curve(run_dir)
+    assert curve.label == "2026-01-01_00-00-00"  # the run directory's name by default
+    assert curve.steps == [100, 200, 300]
+    assert curve.values == [10.5, 20.25, 24.0]  # exact in float32
+    assert curve.minutes == pytest.approx([2.0, 5.0, 9.0], abs=1e-3)
+    loss = read_curve(run_dir, tag="train/loss", label="loss")
+    assert (loss.label, loss.minutes, loss.steps, loss.values) == ("loss", [0.0], [10], [5.0])
+
+
+def test_a_missing_tag_names_the_tags_found(run_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"no scalar 'valid/chrf' \(found \['train/loss', 'valid/bleu'\]\)"):
+        read_curve(run_dir, tag="valid/chrf")
+
+
+def test_plot_curves_writes_a_png_of_the_figure_size(run_dir: Path, tmp_path: Path) -> None:
+    reference = Curve("reference", [1.0, 4.0], [0, 0], [8.0, 16.0])
+    out = plot_curves([read_curve(run_dir, label="ours")], tmp_path / "curve.png", reference=reference)
+    assert out == tmp_path / "curve.png"
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(out).shape[:2] == (540, 840)  # 4.5 x 7 inches at 120 dpi

@@ -9,6 +9,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from transformer.checkpoint import RunDir
+
 
 @dataclass
 class Curve:
@@ -22,7 +24,7 @@ class Curve:
 
 def read_curve(run_dir: str | Path, tag: str = "valid/bleu", label: str | None = None) -> Curve:
     """The scalar ``tag`` of a training run directory (its ``tensorboard/`` events)."""
-    folder = Path(run_dir) / "tensorboard"
+    folder = RunDir(Path(run_dir)).tensorboard
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     events.Reload()
     if tag not in events.Tags()["scalars"]:

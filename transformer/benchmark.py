@@ -10,7 +10,9 @@ Measured in one process, written as ``benchmark.json`` and ``benchmark.md`` in t
 - decoding of the test split: sentences/s and tokens/s for greedy and beam search, with and without the
   KV cache (``checkpoint=`` decodes with a trained model; otherwise a random one, whose hypotheses run to
   the maximum length);
-- peak memory (RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA).
+- peak memory (RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA);
+- with ``profile_steps``, a ``torch.profiler`` table of a few more training steps (``profile.txt``): operator
+  calls and GPU kernels per step, where the host time goes and how long the GPU is busy.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from transformer import pipeline
-from transformer.batching import TokenBucketSampler
+from transformer.batching import Prefetcher, TokenBucketSampler
 from transformer.config import BenchmarkConfig, ModelConfig, TrainConfig, to_plain_dict
 from transformer.corpus_files import load_split
 from transformer.decoding import translate
@@ -38,12 +42,14 @@ from transformer.inference import load_trained
 from transformer.model import build_model
 from transformer.runtime import choose_device, configure_threads, seed_everything
 from transformer.tracking import Tracker
+from transformer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
-def training_flops(cfg: ModelConfig, src_len: int, tgt_len: int, tgt_vocab: int) -> float:
-    """Useful training FLOPs (forward + backward = 3 x forward) of one sentence pair.
+def training_flops(cfg: ModelConfig, src_len: Any, tgt_len: Any, tgt_vocab: int) -> Any:
+    """Useful training FLOPs (forward + backward = 3 x forward) of one sentence pair (or, given numpy arrays of
+    lengths, of each pair).
 
     Counts every matrix multiply on real positions: projections, attention scores and mixing (causal:
     half the square), the feed-forward blocks and the output projection. ``tgt_len`` counts BOS..last.
@@ -109,7 +115,12 @@ class TrainingSpeed:
 
 
 def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> TrainingSpeed:
-    """Time ``train_steps`` real optimizer steps (after ``untimed_steps``) on the configured data and model."""
+    """Time ``train_steps`` real optimizer steps (after ``untimed_steps``) on the configured data and model.
+
+    Batches come as ``Trainer.fit`` gets them: collated with numpy, on CUDA ahead of the step by a thread into
+    pinned memory. With ``profile_steps``, that many further steps run under ``torch.profiler`` and the
+    operator tables go to ``profile.txt`` in the output directory.
+    """
     train_cfg = TrainConfig(data=cfg.data, model=cfg.model, training=cfg.training, eval=cfg.eval,
                             output_dir=str(work_dir), device=str(device))
     dist = DistContext(rank=0, world_size=1, local_rank=0, device=device, is_main=True)
@@ -119,25 +130,36 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     trainer = pipeline.build_trainer(train_cfg, model, src_tok, tgt_tok, train_set, dist,
                                      Tracker(work_dir, enabled=False), work_dir, lambda m, s: {"bleu": 0.0})
     groups = _endless_groups(trainer.sampler, cfg.training.accumulate)
-    for _ in range(cfg.untimed_steps):
-        trainer.train_step([trainer.collate_fn(indices) for indices in next(groups)])
-    src_tokens = tgt_tokens = padded = 0
-    flops = 0.0
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(cfg.train_steps):
-        batches = [trainer.collate_fn(indices) for indices in next(groups)]
-        trainer.train_step(batches)
-        for batch in batches:
-            src_lens = train_set.src_lengths[batch.indices].astype(int)
-            tgt_lens = train_set.tgt_lengths[batch.indices].astype(int) + 1  # + EOS (output) / BOS (input)
-            src_tokens, tgt_tokens = src_tokens + int(src_lens.sum()), tgt_tokens + int(tgt_lens.sum())
-            padded += batch.src.numel() + batch.tgt_out.numel()
-            flops += sum(training_flops(cfg.model, s, t, tgt_tok.vocab_size) for s, t in zip(src_lens, tgt_lens))
-    _sync(device)
-    seconds = time.perf_counter() - start
-    return TrainingSpeed(cfg.train_steps, seconds, (src_tokens + tgt_tokens) / seconds, tgt_tokens / seconds,
-                         padded / seconds, flops / tgt_tokens, flops / seconds)
+    pinned = (_collated(trainer, group) for group in groups)
+    batches = Prefetcher(pinned, depth=4) if device.type == "cuda" else pinned
+    try:
+        start = time.perf_counter()
+        for _ in range(cfg.untimed_steps):
+            trainer.train_step(next(batches))
+        _sync(device)
+        log.info("%d untimed steps (warm-up%s): %.1f s", cfg.untimed_steps,
+                 ", compilation" if cfg.training.compile else "", time.perf_counter() - start)
+        src_tokens = tgt_tokens = flops = 0.0
+        padded = 0
+        start = time.perf_counter()
+        for _ in range(cfg.train_steps):
+            step_batches = next(batches)
+            trainer.train_step(step_batches)
+            for batch in step_batches:
+                src_lens = train_set.src_lengths[batch.indices].astype(np.float64)
+                tgt_lens = train_set.tgt_lengths[batch.indices].astype(np.float64) + 1  # + EOS (out) / BOS (in)
+                src_tokens, tgt_tokens = src_tokens + src_lens.sum(), tgt_tokens + tgt_lens.sum()
+                padded += batch.src.numel() + batch.tgt_out.numel()
+                flops += training_flops(cfg.model, src_lens, tgt_lens, tgt_tok.vocab_size).sum()
+        _sync(device)
+        seconds = time.perf_counter() - start
+        if cfg.profile_steps:
+            profile_steps(trainer, batches, cfg.profile_steps, device, Path(cfg.output_dir) / "profile.txt")
+    finally:
+        if isinstance(batches, Prefetcher):
+            batches.close()
+    return TrainingSpeed(cfg.train_steps, seconds, float(src_tokens + tgt_tokens) / seconds,
+                         float(tgt_tokens) / seconds, padded / seconds, float(flops / tgt_tokens), float(flops) / seconds)
 
 
 def _endless_groups(sampler: TokenBucketSampler, size: int) -> Iterator[list[list[int]]]:
@@ -149,6 +171,36 @@ def _endless_groups(sampler: TokenBucketSampler, size: int) -> Iterator[list[lis
         while group := list(itertools.islice(batches, size)):
             yield group
         epoch += 1
+
+
+def _collated(trainer: Trainer, group: list[list[int]]) -> list[Any]:
+    batches = [trainer.collate_fn(indices) for indices in group]
+    return [batch.pin_memory() for batch in batches] if trainer.device.type == "cuda" else batches
+
+
+def profile_steps(trainer: Trainer, batches: Iterator[list[Any]], steps: int, device: torch.device,
+                  path: Path) -> None:
+    """Run ``steps`` training steps under ``torch.profiler``; write per-step totals and the operator tables."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.train_step(next(batches))
+        _sync(device)
+        seconds = time.perf_counter() - start
+    events = prof.key_averages()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernel_ms = sum(e.device_time for e in kernels) / 1000  # microseconds -> ms
+    aten_calls = sum(e.count for e in events if e.key.startswith("aten::"))
+    summary = (f"{steps} profiled steps: {1000 * seconds / steps:.2f} ms per step (with profiler overhead), "
+               f"{aten_calls / steps:.0f} aten operator calls per step, {len(kernels) / steps:.0f} GPU kernels "
+               f"per step, GPU busy {kernel_ms / steps:.2f} ms per step")
+    sort_keys = ["self_cpu_time_total"] + (["self_device_time_total"] if device.type == "cuda" else [])
+    tables = [events.table(sort_by=key, row_limit=30, max_name_column_width=70) for key in sort_keys]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join([summary, *tables]) + "\n", encoding="utf-8")
+    log.info("%s; tables in %s", summary, path)
 
 
 def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> list[dict[str, Any]]:

@@ -393,8 +393,10 @@ class BenchmarkConfig:
     decode_sentences: Optional[int] = None  # None: the whole test set
     matmul_size: int = 2048
     checkpoint: Optional[str] = None  # decode with a trained model (else a randomly initialised one)
+    profile_steps: int = 0  # > 0: profile that many more training steps into profile.txt
 
     def __post_init__(self) -> None:
+        _check(self.profile_steps >= 0, "profile_steps", f"must be >= 0, got {self.profile_steps}")
         _check(self.train_steps > 0, "train_steps", f"must be > 0, got {self.train_steps}")
         _check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from transformer.checkpoint import (
     save_checkpoint,
     save_model,
 )
-from transformer.config import ConfigError, Schedule, TrainConfig, to_plain_dict
+from transformer.config import ConfigError, Schedule, TrainConfig, TrainingConfig, to_plain_dict
+from transformer.runtime import resolve_training
 
 
 def _state(value: float, step: int = 0) -> dict:
@@ -146,7 +148,8 @@ def _set(tree: dict, dotted: str, value) -> dict:
     return tree
 
 
-SAVED = to_plain_dict(TrainConfig())
+CPU = torch.device("cpu")
+SAVED = to_plain_dict(replace(TrainConfig(), training=resolve_training(TrainingConfig(), CPU)))  # as a run saves it
 
 
 @pytest.mark.parametrize(("key", "value"), [
@@ -188,6 +191,15 @@ def test_resume_compares_only_keys_both_configs_have():
     older = copy.deepcopy(SAVED)
     del older["training"]["max_tokens"]  # a checkpoint from before the key existed
     check_resume_config(older, _set(SAVED, "training.max_tokens", 4097), "run/last.pt")
+
+
+def test_resume_on_another_kind_of_device_is_refused_by_the_resolved_batch_layout():
+    on_gpu = to_plain_dict(replace(TrainConfig(), training=resolve_training(TrainingConfig(), torch.device("cuda"))))
+    with pytest.raises(ConfigError, match=r"training\.accumulate: the checkpoint run/last.pt was trained with 2, "
+                                          r"the config says 1"):
+        check_resume_config(SAVED, on_gpu, "run/last.pt")
+    older = _set(_set(SAVED, "training.pad_to_multiple", None), "training.max_tokens", None)  # left unresolved
+    check_resume_config(older, _set(SAVED, "training.max_tokens", 4096), "run/last.pt")  # not known: not compared
 
 
 def test_load_for_resume_takes_a_run_directory_or_a_checkpoint_file(tmp_path):

@@ -10,13 +10,15 @@ import pytest
 import torch
 
 from transformer.checkpoint import load_checkpoint, save_checkpoint
-from transformer.config import Precision
+from transformer.config import EvalConfig, Precision, TrainingConfig
 from transformer.runtime import (
     autocast,
     autocast_dtype,
     capture_rng_state,
     choose_device,
+    decode_batch_size,
     defer_sigint,
+    resolve_training,
     restore_rng_state,
     seed_everything,
 )
@@ -75,3 +77,20 @@ def test_defer_sigint_calls_back_once_then_interrupts():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_batch_layout_defaults_per_device_and_explicit_values_win():
+    cpu = resolve_training(TrainingConfig(), torch.device("cpu"))
+    gpu = resolve_training(TrainingConfig(), torch.device("cuda"))
+    assert (cpu.max_tokens, cpu.accumulate, cpu.pad_to_multiple) == (2048, 2, 1)
+    assert (gpu.max_tokens, gpu.accumulate, gpu.pad_to_multiple) == (4096, 1, 8)
+    assert cpu.max_tokens * cpu.accumulate == gpu.max_tokens * gpu.accumulate  # the same positions per step
+    mine = resolve_training(TrainingConfig(max_tokens=1000, accumulate=3, pad_to_multiple=4), torch.device("cuda"))
+    assert (mine.max_tokens, mine.accumulate, mine.pad_to_multiple) == (1000, 3, 4)
+    assert resolve_training(gpu, torch.device("cpu")) == gpu  # resolving twice changes nothing
+
+
+def test_decoding_batch_size_defaults_per_device():
+    assert decode_batch_size(EvalConfig(), "cpu") == 64
+    assert decode_batch_size(EvalConfig(), torch.device("cuda")) == 512
+    assert decode_batch_size(EvalConfig(batch_size=7), "cuda") == 7

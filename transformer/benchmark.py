@@ -40,7 +40,7 @@ from transformer.decoding import translate
 from transformer.distributed import DistContext
 from transformer.inference import load_trained
 from transformer.model import build_model
-from transformer.runtime import choose_device, configure_threads, seed_everything
+from transformer.runtime import choose_device, configure_threads, resolve_training, seed_everything
 from transformer.tracking import Tracker
 from transformer.trainer import Trainer
 
@@ -236,6 +236,7 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
 def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     """Run every measurement and write ``benchmark.json`` and ``benchmark.md`` into ``cfg.output_dir``."""
     device = choose_device(cfg.device)
+    cfg = replace(cfg, training=resolve_training(cfg.training, device))
     configure_threads(cfg.training.threads)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -348,6 +348,8 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
     """
     old, new = _flatten(saved), _flatten(current)
     for key in sorted(old.keys() & new.keys()):  # a key one side lacks (an older schema) is not compared
+        if old[key] is None and key.startswith("training."):
+            continue  # an older run left the device's default unresolved: it is not known, so not compared
         if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):
             continue
         if _under(key, RESUME_MUST_MATCH):

@@ -218,9 +218,11 @@ class TrainingConfig:
     max_epochs: int = 19  # about 55 minutes for the small model on Multi30k on a 2-core CPU, validation included
     max_steps: Optional[int] = None
     max_minutes: Optional[float] = None
-    max_tokens: int = 2048  # padded source+target positions per batch, per process
-    accumulate: int = 2  # batches per optimizer step (2 x 2048 runs faster on a CPU than 1 x 4096)
-    pad_to_multiple: Optional[int] = None  # batch lengths rounded up to this; None: 8 on CUDA, 1 on CPU
+    # Batch layout; None picks the device's default (runtime.resolve_training), 4096 positions per step either
+    # way: 2 x 2048 on a CPU (faster there than 1 x 4096), 1 x 4096 on a GPU (one launch sequence per step).
+    max_tokens: Optional[int] = None  # padded source+target positions per batch, per process; None: 2048 / 4096
+    accumulate: Optional[int] = None  # batches per optimizer step; None: 2 on a CPU, 1 on a GPU
+    pad_to_multiple: Optional[int] = None  # batch lengths rounded up to this; None: 1 on a CPU, 8 on a GPU
     lr: float = 1e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 1000
     schedule: Schedule = Schedule.cosine  # decays to min_lr at max_steps (else the end of max_epochs)
@@ -253,8 +255,10 @@ class TrainingConfig:
             "training.max_minutes",
             f"must be > 0, got {self.max_minutes}",
         )
-        _check(self.max_tokens >= 16, "training.max_tokens", f"must be >= 16, got {self.max_tokens}")
-        _check(self.accumulate >= 1, "training.accumulate", f"must be >= 1, got {self.accumulate}")
+        _check(self.max_tokens is None or self.max_tokens >= 16, "training.max_tokens",
+               f"must be >= 16 or null, got {self.max_tokens}")
+        _check(self.accumulate is None or self.accumulate >= 1, "training.accumulate",
+               f"must be >= 1 or null, got {self.accumulate}")
         _check(self.pad_to_multiple is None or self.pad_to_multiple >= 1, "training.pad_to_multiple",
                f"must be >= 1 or null, got {self.pad_to_multiple}")
         _check(self.save_every_steps is None or self.save_every_steps > 0, "training.save_every_steps",
@@ -287,7 +291,7 @@ class EvalConfig:
     n_best: int = 1
     max_len_a: float = 1.5  # hypotheses stop at max_len_a * source length + max_len_b tokens
     max_len_b: int = 10
-    batch_size: int = 64  # sentences decoded together
+    batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
     use_cache: bool = True
 
     def __post_init__(self) -> None:
@@ -298,7 +302,8 @@ class EvalConfig:
         _check(self.max_len_a >= 0 and self.max_len_b >= 0, "eval.max_len_a",
                "max_len_a and max_len_b must be >= 0")
         _check(self.max_len_a > 0 or self.max_len_b > 0, "eval.max_len_b", "max length would be 0")
-        _check(self.batch_size >= 1, "eval.batch_size", f"must be >= 1, got {self.batch_size}")
+        _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size",
+               f"must be >= 1 or null, got {self.batch_size}")
 
 
 @dataclass

@@ -123,7 +123,9 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         dtype = torch.promote_types(hidden.dtype, torch.float32)  # float32 even under bf16 autocast
         nll_sum = hidden.new_zeros((), dtype=dtype)
         uniform_sum = hidden.new_zeros((), dtype=dtype)
-        for start in range(0, hidden.size(0), chunk_size):
+        n = hidden.size(0)
+        # One chunk needs no loop over n: under torch.compile(dynamic=True) such a loop would pin n to a constant.
+        for start in ([0] if n <= chunk_size else range(0, n, chunk_size)):
             h, gold = hidden[start:start + chunk_size], target[start:start + chunk_size].unsqueeze(-1)  # (n, ·)
             logits = F.linear(h, weight, bias).to(dtype)  # (n, vocab)
             log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n, 1)

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,7 +42,7 @@ from transformer.optim import build_optimizer
 from transformer.runtime import (
     choose_device,
     configure_threads,
-    pad_to_multiple,
+    resolve_training,
     seed_everything,
     set_deterministic,
 )
@@ -148,6 +148,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     Returns the metrics also written to ``metrics.json`` in the run directory.
     """
     dist = init_distributed(choose_device(cfg.device))
+    cfg = replace(cfg, training=resolve_training(cfg.training, dist.device))  # what the run records
     try:
         resumed, run = _start_run(cfg)
         with _log_into(run.log_file if resumed is not None and dist.is_main else None):
@@ -194,7 +195,7 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
                   train_set: TranslationDataset, dist: DistContext, tracker: Tracker, run_dir: Path,
                   validate: Callable[[torch.nn.Module, int], dict[str, float]]) -> Trainer:
     """The trainer with its sampler (this rank's shard), collate function, optimizer and checkpoints."""
-    multiple = pad_to_multiple(cfg.training, dist.device)
+    multiple = cfg.training.pad_to_multiple
     sampler = TokenBucketSampler(train_set.src_lengths, train_set.tgt_lengths, cfg.training.max_tokens,
                                  seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size,
                                  pad_to_multiple=multiple)

@@ -13,10 +13,11 @@ import random
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
 
-from transformer.config import Precision, TrainingConfig
+from transformer.config import EvalConfig, Precision, TrainingConfig
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +71,38 @@ def choose_device(name: str) -> torch.device:
     return device
 
 
-def pad_to_multiple(cfg: TrainingConfig, device: torch.device) -> int:
-    """``training.pad_to_multiple``, or when unset 8 on CUDA (tensor-core friendly shapes, few distinct
-    shapes) and 1 on CPU (no padding to pay for)."""
-    if cfg.pad_to_multiple is not None:
-        return cfg.pad_to_multiple
-    return 8 if device.type == "cuda" else 1
+def resolve_training(cfg: TrainingConfig, device: torch.device) -> TrainingConfig:
+    """``cfg`` with the batch-layout settings left unset (None) filled in for ``device``.
+
+    A GPU takes one 4096-position batch per step, padded to multiples of 8 (tensor-core friendly, few distinct
+    shapes), since its cost per step is mostly launching kernels; a CPU takes two 2048-position batches (their
+    activations stay in cache) padded to nothing. Runs record the resolved values, so resuming on another kind
+    of device is refused by key instead of silently changing the batches.
+    """
+    gpu = device.type == "cuda"
+    return replace(
+        cfg,
+        max_tokens=cfg.max_tokens if cfg.max_tokens is not None else (4096 if gpu else 2048),
+        accumulate=cfg.accumulate if cfg.accumulate is not None else (1 if gpu else 2),
+        pad_to_multiple=cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (8 if gpu else 1),
+    )
+
+
+def compile_for_training(module: torch.nn.Module) -> Callable:
+    """``torch.compile`` for token-bucketed batches: every dimension symbolic from the first call, so a new
+    batch shape reuses the compiled code instead of compiling again. Duck sizing is switched off (process-wide,
+    it only affects compilation): it would assume that lengths equal on the first batch (source and target,
+    say) are always equal, and compile again at the first batch where they are not."""
+    torch.fx.experimental._config.use_duck_shape = False
+    return torch.compile(module, dynamic=True)
+
+
+def decode_batch_size(cfg: EvalConfig, device: torch.device | str) -> int:
+    """``eval.batch_size``, or when unset 64 sentences on a CPU and 512 on a GPU (where a decoding step costs
+    about the same for 64 sentences as for 512: its time goes to launching kernels)."""
+    if cfg.batch_size is not None:
+        return cfg.batch_size
+    return 512 if torch.device(device).type == "cuda" else 64
 
 
 def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:

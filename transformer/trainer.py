@@ -53,7 +53,15 @@ from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
 from transformer.metrics import perplexity
 from transformer.optim import learning_rate, set_learning_rate
-from transformer.runtime import autocast, capture_rng_state, defer_sigint, restore_rng_state, seed_everything
+from transformer.runtime import (
+    autocast,
+    capture_rng_state,
+    compile_for_training,
+    defer_sigint,
+    resolve_training,
+    restore_rng_state,
+    seed_everything,
+)
 from transformer.tracking import ProgressBar, Tracker
 
 log = logging.getLogger(__name__)
@@ -160,7 +168,7 @@ class Trainer:
             raise ValueError("the sampler yields no batches: is the training set empty?")
         self.model = model.to(device)
         self.optimizer = optimizer
-        self.cfg = cfg
+        self.cfg = cfg = resolve_training(cfg, device)
         self.dataset = dataset
         self.sampler = sampler
         self.collate_fn = collate_fn
@@ -173,7 +181,7 @@ class Trainer:
         self.extra_state = extra_state
         self._ddp = self._wrap_ddp(model) if dist.world_size > 1 else None
         forward_module = self._ddp if self._ddp is not None else self.model
-        self._forward = torch.compile(forward_module) if cfg.compile else forward_module
+        self._forward = compile_for_training(forward_module) if cfg.compile else forward_module
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         on_cpu = device.type == "cpu"
         self._check_every = 1 if on_cpu else cfg.log_every_steps  # steps between device-to-host reads

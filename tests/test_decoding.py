@@ -44,7 +44,7 @@ def select_fake(enc: FakeEncoded, indices: Tensor) -> FakeEncoded:
 class FakeCache:
     inputs: list[tuple[int, ...]]  # decoder input so far (BOS + tokens) per row
 
-    def select(self, indices: Tensor) -> FakeCache:
+    def select(self, indices: Tensor, keep_static: bool = False) -> FakeCache:  # nothing static to keep
         return FakeCache([self.inputs[i] for i in indices.tolist()])
 
 

@@ -2,7 +2,9 @@
 
 The searches only need a small *decoder protocol* (``Decoder`` below): ``encode(src) -> enc`` (with
 ``enc.src_mask``), ``init_cache(enc) -> cache``, ``decode(tokens, enc, cache=None) -> out`` (with
-``out.logits`` and ``out.cache``), ``cache.select(indices)`` and a ``select_encoder(enc, indices)``
+``out.logits`` and ``out.cache``), ``cache.select(indices, keep_static=False)`` (``keep_static``: the
+indices only reorder rows within each sentence's beam, so per-source entries need not move) and a
+``select_encoder(enc, indices)``
 function (``transformer.model.select_encoder_output`` by default). With ``use_cache=True`` each step feeds
 only the newest token and the returned cache; with ``use_cache=False`` each step recomputes the whole
 prefix (same output, slower; a test checks they agree).
@@ -308,8 +310,8 @@ def beam_search(model: Decoder, src: Tensor, *, beam_size: int, n_best: int, len
             state.log_prob = state.log_prob[keep]
             state.prefix = state.prefix.view(len(done), beam, -1)[keep].flatten(0, 1)
             state.tokens = state.tokens.reshape(len(done), beam, -1)[keep].reshape(len(keep) * beam, -1)
-        if cache is not None:
-            cache = cache.select(rows)
+        if cache is not None:  # rows stay within their sentence unless sentences left: the source K/V stay put
+            cache = cache.select(rows, keep_static=len(keep) == len(done))
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
 
 

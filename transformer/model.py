@@ -58,11 +58,15 @@ class DecoderCache:
         """Number of target positions already cached."""
         return self.tgt_valid.size(1)
 
-    def select(self, indices: Tensor) -> DecoderCache:
-        """Rows ``indices`` of the batch (reorder/repeat/shrink; beam search, finished rows)."""
+    def select(self, indices: Tensor, *, keep_static: bool = False) -> DecoderCache:
+        """Rows ``indices`` of the batch (reorder/repeat/shrink; beam search, finished rows).
+
+        ``keep_static`` leaves the cross-attention K/V as they are: right when every row moves within its own
+        sentence's rows (a beam reorder), which all hold the same source, and it saves copying them each step.
+        """
         return DecoderCache(
             [c.select(indices) for c in self.self_attn],
-            [c.select(indices) for c in self.cross_attn],
+            self.cross_attn if keep_static else [c.select(indices) for c in self.cross_attn],
             self.tgt_valid.index_select(0, indices),
         )
 

@@ -264,6 +264,15 @@ def test_real_model_cached_equals_uncached() -> None:
         assert [h.score for h in c] == pytest.approx([h.score for h in u], abs=1e-4)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_gives_the_same_tokens_however_late_finished_rows_leave(use_cache: bool) -> None:
+    """Finished rows kept in the batch (computed and ignored) change nothing: compare with one sentence at a time."""
+    model, src = tiny_model(), varied_sources()
+    alone = [greedy_search(model, src[row : row + 1], use_cache=use_cache, **REAL)[0] for row in range(src.size(0))]
+    for fraction in (0.0, 0.25, 0.5, 1.0):
+        assert greedy_search(model, src, use_cache=use_cache, drop_finished_at=fraction, **REAL) == alone, fraction
+
+
 def test_real_model_batched_equals_one_sentence_at_a_time() -> None:
     model, src = tiny_model(), varied_sources()
     kwargs = dict(beam_size=4, n_best=2, length_penalty=0.6, length_norm=LengthNorm.gnmt, **REAL)

@@ -85,7 +85,7 @@ def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) 
     result = subprocess.run(
         [sys.executable, "-c", "from transformer.cli import train_main; train_main()", "training.lr=-1",
          f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
     )
     assert result.returncode == 1
     assert "training.lr: must be > 0, got -1.0" in result.stdout + result.stderr

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -40,7 +42,7 @@ def test_matmul_peak_is_a_plausible_rate():
 def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus, tmp_path):
     cfg = compose_config("benchmark", [
         "data=toy_copy", f"data.dir={toy_corpus}", "model=tiny", "train_steps=2", "untimed_steps=1",
-        "decode_sentences=5", "training.max_tokens=256", "matmul_size=64", "eval.max_len_b=5",
+        "decode_sentences=5", "training.max_tokens=256", "matmul_size=64", "eval.max_len_b=5", "profile_steps=2",
         f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}",
     ])
     result = benchmark.run(OmegaConf.to_object(cfg))
@@ -51,6 +53,16 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
         ("greedy", True), ("greedy", False), ("beam 5", True), ("beam 5", False)}
     table = (tmp_path / "benchmark.md").read_text()
     assert "model FLOP utilisation" in table and "| beam 5 | no |" in table
+    profile = (tmp_path / "profile.txt").read_text()
+    per_step = int(re.search(r"2 profiled steps: [\d.]+ ms per step .*?, (\d+) aten operator calls per step", profile)[1])
+    assert per_step > 100 and "aten::mm" in profile  # a real step's operators, tabled
+
+
+def test_training_flops_of_length_arrays_are_per_pair():
+    cfg = ModelConfig(d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2)
+    src, tgt = np.array([12.0, 5.0, 30.0]), np.array([9.0, 3.0, 31.0])
+    per_pair = benchmark.training_flops(cfg, src, tgt, 600)
+    assert per_pair.tolist() == [benchmark.training_flops(cfg, int(s), int(t), 600) for s, t in zip(src, tgt)]
 
 
 def test_benchmark_steps_run_on_past_the_end_of_an_epoch():

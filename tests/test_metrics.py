@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from transformer.metrics import Scores, corpus_scores, perplexity, token_accuracy
+from transformer.metrics import Scores, corpus_scores, moses_preprocess, perplexity, token_accuracy, tokenized_bleu
 
 
 def test_identical_text_scores_100() -> None:
@@ -58,6 +58,32 @@ def test_corpus_scores_rejects_mismatched_lengths() -> None:
         corpus_scores(["a", "b"], ["a"])
     with pytest.raises(ValueError, match="no sentences"):
         corpus_scores([], [])
+
+
+def test_moses_preprocessing_lowercases_normalises_and_tokenises_like_the_multi30k_files() -> None:
+    # normalize-punctuation turns the en dash into "-" and the curly quotes into '"'; tokenizer.perl splits
+    # punctuation off and escapes '"' and "'" (as the task's lc.norm.tok files have them)
+    assert moses_preprocess(["Ein Mann \u2013 im \u201eroten\u201c Hemd \u2013 sagt: \"Das ist's!\""], "de") == [
+        "ein mann - im &quot; roten &quot; hemd - sagt : &quot; das ist &apos; s ! &quot;"]
+    assert moses_preprocess(["A dog, running."], "en") == ["a dog , running ."]
+
+
+def test_tokenized_bleu_ignores_case_and_spacing_of_punctuation_where_sacrebleu_does_not() -> None:
+    hyps, refs = ["Ein Hund rennt ."], ["ein Hund rennt."]  # differ only in case and the space before "."
+    scores = corpus_scores(hyps, refs, tokenized_lang="de")
+    assert scores.tokenized_bleu == pytest.approx(100.0)
+    assert scores.bleu < 100.0  # cased: "Ein" is not "ein"
+    assert "tok:none" in scores.tokenized_bleu_signature
+    assert "pre:lc+moses-norm+moses-tok.de|sacremoses:" in scores.tokenized_bleu_signature
+    assert corpus_scores(hyps, refs).tokenized_bleu is None  # only when asked for
+
+
+def test_tokenized_bleu_matches_hand_computed_precisions() -> None:
+    # after preprocessing: "the cat sat on a mat ." against "the cat sat on the mat ." (7 tokens each):
+    # matches 6/7 unigrams, 4/6 bigrams, 2/5 trigrams, 1/4 four-grams; no brevity penalty
+    expected = 100 * math.exp((math.log(6 / 7) + math.log(4 / 6) + math.log(2 / 5) + math.log(1 / 4)) / 4)
+    score, _ = tokenized_bleu(["The cat sat on a mat."], ["the cat sat on the mat ."], "en")
+    assert score == pytest.approx(expected, abs=1e-9)
 
 
 def test_token_accuracy_ignores_padding() -> None:

@@ -293,6 +293,9 @@ class EvalConfig:
     max_len_b: int = 10
     batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
     use_cache: bool = True
+    # Also report BLEU in the Multi30k papers' flavour (lowercased, Moses-normalised and -tokenised; see
+    # transformer/metrics.py) next to the cased sacreBLEU, which stays the headline.
+    report_tokenized_bleu: bool = True
 
     def __post_init__(self) -> None:
         _check(self.beam_size >= 1, "eval.beam_size", f"must be >= 1, got {self.beam_size}")

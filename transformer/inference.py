@@ -50,14 +50,20 @@ def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
 
 
 def score_texts(model: Transformer, src: list[str], refs: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                eval_cfg: EvalConfig, device: torch.device, progress: bool = True) -> tuple[Scores, list[str]]:
-    """Translate ``src`` (best hypothesis each, with a progress bar) and score it against ``refs`` with sacreBLEU."""
+                eval_cfg: EvalConfig, device: torch.device, tgt_lang: str, progress: bool = True
+                ) -> tuple[Scores, list[str]]:
+    """Translate ``src`` (best hypothesis each, with a progress bar) and score it against ``refs`` with sacreBLEU
+    (and, with ``eval.report_tokenized_bleu``, in the Multi30k papers' flavour for language ``tgt_lang``)."""
     nbest = translate(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions, progress=progress)
     hypotheses = [candidates[0] for candidates in nbest]
-    return corpus_scores(hypotheses, refs), hypotheses
+    lang = tgt_lang if eval_cfg.report_tokenized_bleu else None
+    return corpus_scores(hypotheses, refs, tokenized_lang=lang), hypotheses
 
 
 def format_scores(scores: Scores) -> str:
     """BLEU and chrF with their sacreBLEU signatures, for the log."""
-    return (f"BLEU {scores.bleu:.2f} chrF {scores.chrf:.2f} on {scores.n_sentences} sentences\n"
+    text = (f"BLEU {scores.bleu:.2f} chrF {scores.chrf:.2f} on {scores.n_sentences} sentences\n"
             f"  {scores.bleu_signature}\n  {scores.chrf_signature}")
+    if scores.tokenized_bleu is not None:
+        text += f"\n  tokenized BLEU {scores.tokenized_bleu:.2f} (Multi30k papers' flavour): {scores.tokenized_bleu_signature}"
+    return text

@@ -5,6 +5,12 @@ the reference files hold), with sacreBLEU's own default tokenization (``13a``) a
 sentence, so the numbers are comparable with published sacreBLEU scores; the signature strings say exactly
 how they were computed and belong next to every reported number.
 
+Multi30k papers report BLEU differently: on lowercased text with Moses punctuation normalisation and
+tokenisation (the task's ``lc.norm.tok`` files), scored with no further tokenisation. ``tokenized_bleu`` does
+that with ``sacremoses`` (the maintained Python port of the Moses scripts) on both sides, in the order the
+Multi30k files were made (``lowercase.perl | normalize-punctuation.perl -l L | tokenizer.perl -l L``), so the
+number can be set next to published ones; its signature names the preprocessing.
+
 Shape names: batch, tgt_len, tgt_vocab.
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import sacremoses
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor
@@ -27,20 +34,24 @@ class Scores:
     bleu_signature: str  # e.g. "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
     chrf_signature: str
     n_sentences: int
+    tokenized_bleu: float | None = None  # the Multi30k papers' flavour (see the module docstring), if asked for
+    tokenized_bleu_signature: str | None = None
 
     def __str__(self) -> str:
-        return (
-            f"BLEU = {self.bleu:.2f} ({self.bleu_signature})  chrF = {self.chrf:.2f} ({self.chrf_signature})  "
-            f"[{self.n_sentences} sentences]"
-        )
+        text = (f"BLEU = {self.bleu:.2f} ({self.bleu_signature})  chrF = {self.chrf:.2f} ({self.chrf_signature})  "
+                f"[{self.n_sentences} sentences]")
+        if self.tokenized_bleu is not None:
+            text += f"  tokenized BLEU = {self.tokenized_bleu:.2f} ({self.tokenized_bleu_signature})"
+        return text
 
 
-def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
+def corpus_scores(hypotheses: list[str], references: list[str], tokenized_lang: str | None = None) -> Scores:
     """Corpus BLEU and chrF of detokenized hypotheses against one detokenized reference each.
 
     Args:
         hypotheses: one system output line per sentence.
         references: the reference line for each sentence, in the same order.
+        tokenized_lang: the target language's code: also compute :func:`tokenized_bleu` (None: do not).
 
     Returns:
         ``Scores`` with both numbers (0-100) and sacreBLEU's signatures.
@@ -58,13 +69,30 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
     bleu, chrf = BLEU(), CHRF()
     bleu_score = bleu.corpus_score(hypotheses, [references])
     chrf_score = chrf.corpus_score(hypotheses, [references])
-    return Scores(
+    scores = Scores(
         bleu=float(bleu_score.score),
         chrf=float(chrf_score.score),
         bleu_signature=str(bleu.get_signature()),
         chrf_signature=str(chrf.get_signature()),
         n_sentences=len(hypotheses),
     )
+    if tokenized_lang is not None:
+        scores.tokenized_bleu, scores.tokenized_bleu_signature = tokenized_bleu(hypotheses, references, tokenized_lang)
+    return scores
+
+
+def moses_preprocess(lines: list[str], lang: str) -> list[str]:
+    """Lowercase, Moses punctuation normalisation, Moses tokenisation (with its default escaping of ``&<>'"``)."""
+    normalizer, tokenizer = sacremoses.MosesPunctNormalizer(lang=lang), sacremoses.MosesTokenizer(lang=lang)
+    return [tokenizer.tokenize(normalizer.normalize(line.lower()), return_str=True) for line in lines]
+
+
+def tokenized_bleu(hypotheses: list[str], references: list[str], lang: str) -> tuple[float, str]:
+    """BLEU as Multi30k papers compute it: both sides through :func:`moses_preprocess`, then sacreBLEU with no
+    tokenisation of its own. Returns the score and a signature naming the preprocessing."""
+    bleu = BLEU(tokenize="none")
+    score = bleu.corpus_score(moses_preprocess(hypotheses, lang), [moses_preprocess(references, lang)])
+    return float(score.score), f"{bleu.get_signature()}|pre:lc+moses-norm+moses-tok.{lang}|sacremoses:{sacremoses.__version__}"
 
 
 def token_accuracy(logits: Tensor, target: Tensor, pad_id: int) -> float:

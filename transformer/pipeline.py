@@ -37,6 +37,7 @@ from transformer.data import TranslationDataset, read_parallel
 from transformer.decoding import translate as translate_texts
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.inference import find_checkpoint, format_scores, load_trained, score_texts
+from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
 from transformer.runtime import (
@@ -239,12 +240,13 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
     ckpt.save_model(final.weights, ckpt.load_checkpoint(run.last, map_location="cpu"), run.final, source=final.source)
 
     test_src, test_ref = load_split(cfg.data, cfg.data.test_split)
-    scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device)
+    scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device, cfg.data.tgt)
     run.test_hypotheses.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=step)
+    tracker.scalars(_test_scalars(scores), step=step)
     log.info("test (%s, %s): %s", cfg.data.test_split, final.source, format_scores(scores))
     return {
         "valid_bleu": final.valid_bleu, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
+        "test_tokenized_bleu": scores.tokenized_bleu,
         "test": asdict(scores), "final_weights": final.source,
     }
 
@@ -265,14 +267,15 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     else:
         src, refs = load_split(data, data.test_split)
         name = f"{data.test_split}.{data.src}-{data.tgt}"
-    scores, hypotheses = score_texts(trained.model, src, refs, trained.src_tok, trained.tgt_tok, cfg.eval, device)
+    scores, hypotheses = score_texts(trained.model, src, refs, trained.src_tok, trained.tgt_tok, cfg.eval, device,
+                                     data.tgt)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     metrics = {"checkpoint": str(trained.path), "test_set": name, **asdict(scores), "eval": to_plain_dict(cfg.eval)}
     _write_json(out / "metrics.json", metrics)
     tracker = Tracker(out / "tensorboard", enabled=True)
-    tracker.scalars({"test/bleu": scores.bleu, "test/chrf": scores.chrf}, step=0)
+    tracker.scalars(_test_scalars(scores), step=0)
     dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
     tracker.close()
     print(f"{name}: {format_scores(scores)}")
@@ -309,6 +312,13 @@ def average(paths: list[str], out: str) -> None:
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")
     ckpt.save_model(ckpt.average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")
+
+
+def _test_scalars(scores: Scores) -> dict[str, float]:
+    values = {"test/bleu": scores.bleu, "test/chrf": scores.chrf}
+    if scores.tokenized_bleu is not None:
+        values["test/tokenized_bleu"] = scores.tokenized_bleu
+    return values
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transformer.config import PositionKind
-from transformer.embeddings import Embeddings, TokenEmbedding, sinusoidal_positions
+from transformer.embeddings import Embeddings, RotaryPositions, TokenEmbedding, sinusoidal_positions
 
 
 def test_sinusoid_matches_the_formula_by_hand() -> None:
@@ -67,3 +67,36 @@ def test_positions_beyond_the_table_are_a_clear_error() -> None:
     embed = Embeddings(TokenEmbedding(10, 6, pad_id=0), PositionKind.sinusoidal, max_positions=4, dropout=0.0)
     with pytest.raises(ValueError, match="max_positions=4"):
         embed(torch.ones(1, 3, dtype=torch.long), offset=2)
+
+
+def test_rotary_positions_rotate_each_pair_by_position_times_its_frequency() -> None:
+    rope = RotaryPositions(d_head=4, max_positions=8, base=100.0)  # pairs (0, 2) and (1, 3); frequencies 1, 0.1
+    x = torch.tensor([1.0, 0.0, 0.0, 2.0]).view(1, 1, 1, 4)  # pair 0 = (1, 0), pair 1 = (0, 2)
+    out = rope(x, offset=3).flatten()  # position 3: angles 3 and 0.3
+    expected = [math.cos(3), -2 * math.sin(0.3), math.sin(3), 2 * math.cos(0.3)]
+    assert out.tolist() == pytest.approx(expected, abs=1e-6)
+    assert torch.equal(rope(x, offset=0), x)  # position 0: no rotation
+
+
+def test_rotary_scores_depend_only_on_the_position_difference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rope = RotaryPositions(d_head=6, max_positions=64)
+    q, k = torch.randn(1, 1, 1, 6, generator=gen), torch.randn(1, 1, 1, 6, generator=gen)
+
+    def score(m: int, n: int) -> float:
+        return (rope(q, m) * rope(k, n)).sum().item()
+
+    for m, n in ((5, 2), (2, 5), (7, 7)):
+        for shift in (1, 10, 40):
+            assert score(m + shift, n + shift) == pytest.approx(score(m, n), abs=1e-5)
+    assert score(5, 2) != pytest.approx(score(2, 5), abs=1e-3)  # the sign of the difference matters
+    with pytest.raises(ValueError, match="beyond model.max_positions=64"):
+        rope(q, 64)
+
+
+def test_rope_and_none_add_nothing_to_the_embeddings() -> None:
+    token = TokenEmbedding(10, 6, pad_id=0)
+    tokens = torch.tensor([[3, 4, 5]])
+    for kind in (PositionKind.rope, PositionKind.none):
+        embed = Embeddings(token, kind, max_positions=8, dropout=0.0)
+        assert torch.equal(embed(tokens, offset=2), token(tokens))

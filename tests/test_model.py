@@ -7,11 +7,13 @@ import torch
 
 from transformer.config import ConfigError, ModelConfig, NormPosition, PositionKind
 from transformer.loss import label_smoothed_sums
+from transformer.decoding import greedy_search
 from transformer.model import Transformer, build_model, select_encoder_output
 
 from toy_training import BOS as TOY_BOS
+from toy_training import EOS as TOY_EOS
 from toy_training import PAD as TOY_PAD
-from toy_training import reversal_batch
+from toy_training import reversal_batch, train_reversal_model
 
 # A toy vocabulary local to these tests: the model takes pad_id as an argument.
 PAD, BOS, EOS, FIRST_DIGIT = 0, 1, 2, 3
@@ -41,6 +43,9 @@ CONFIGS = {
     "post_learned": {"norm": NormPosition.post, "positions": PositionKind.learned},
     "shared_untied_odd": {"share_embeddings": True, "tie_output": False, "d_model": 15, "n_heads": 3},
     "free_head_size": {"d_model": 12, "n_heads": 5, "d_head": 4},
+    "rope": {"positions": PositionKind.rope, "rope_base": 100.0},
+    "rope_free_head_size": {"positions": PositionKind.rope, "d_model": 12, "n_heads": 5, "d_head": 6},
+    "no_positions": {"positions": PositionKind.none},
 }
 
 
@@ -190,6 +195,26 @@ def test_empty_source_gives_finite_outputs_and_gradients() -> None:
     assert torch.isfinite(logits).all()
     logits.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_rope_needs_an_even_head_size_and_adds_no_parameters() -> None:
+    with pytest.raises(ConfigError, match="model.positions: rope rotates pairs"):
+        ModelConfig(d_model=15, n_heads=3, positions=PositionKind.rope)
+    sizes = {name: sum(p.numel() for p in _model(positions=kind).parameters())
+             for name, kind in (("sinusoidal", PositionKind.sinusoidal), ("rope", PositionKind.rope))}
+    assert sizes["rope"] == sizes["sinusoidal"]
+    assert set(_model(positions=PositionKind.rope).state_dict()) == set(_model().state_dict())  # old checkpoints load
+
+
+@pytest.mark.slow
+def test_rope_model_learns_to_reverse_digit_strings() -> None:
+    # relative positions only: the encoder must learn where a digit sits from attention patterns, which takes
+    # longer than with absolute positions (600 steps: 89 %, 1,200: 98.8 %, 2,000: 99.8 % when written; ~70 s)
+    model = train_reversal_model(steps=2000, positions=PositionKind.rope)
+    src, _, tgt_out = reversal_batch(torch.Generator().manual_seed(99), 500)  # held-out strings
+    expected = [row[row != TOY_PAD].flip(0).tolist() for row in src]
+    greedy = greedy_search(model, src, pad_id=TOY_PAD, bos_id=TOY_BOS, eos_id=TOY_EOS, max_len_a=1.0, max_len_b=3)
+    assert sum(g == e for g, e in zip(greedy, expected)) >= 0.99 * len(expected)
 
 
 @pytest.mark.slow

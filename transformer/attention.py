@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer.embeddings import RotaryPositions
 from transformer.masks import causal_mask
 
 _CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -153,7 +154,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, dropout: float = 0.0,
-                 bias: bool = True) -> None:
+                 bias: bool = True, rotary: RotaryPositions | None = None) -> None:
         super().__init__()
         if d_head is None:
             if d_model % n_heads != 0:
@@ -170,6 +171,7 @@ class MultiHeadAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * inner, d_model))  # rows: [W_Q; W_K; W_V]
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * inner)) if bias else None
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
+        self.rotary = rotary  # rotates queries and new keys by position (self-attention with positions=rope)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -236,9 +238,12 @@ class MultiHeadAttention(nn.Module):
         else:
             q, kv = self._project(query, slice(0, inner)), self.project_key_value(key, value)
             kv.static = False
+        q = self._split_heads(q)  # (batch, heads, q_len, d_head)
+        if self.rotary is not None and not kv.static:  # new positions start after the cached ones
+            offset = cache.length if cache is not None else 0
+            q, kv = self.rotary(q, offset), KVCache(self.rotary(kv.key, offset), kv.value)
         if cache is not None and not cache.static and cache.length > 0:  # an empty cache adds nothing
             kv = KVCache(torch.cat([cache.key, kv.key], dim=2), torch.cat([cache.value, kv.value], dim=2))
-        q = self._split_heads(q)  # (batch, heads, q_len, d_head)
         dropout_p = self.dropout if self.training else 0.0
         context, weights = scaled_dot_product_attention(q, kv.key, kv.value, mask, dropout_p, need_weights,
                                                        is_causal)

@@ -54,8 +54,10 @@ class NormPosition(enum.Enum):
 
 
 class PositionKind(enum.Enum):
-    sinusoidal = "sinusoidal"
-    learned = "learned"
+    sinusoidal = "sinusoidal"  # fixed absolute positions added to the embeddings (the paper's §3.5)
+    learned = "learned"  # a trained absolute position table added to the embeddings
+    rope = "rope"  # rotary: self-attention queries and keys rotated by their positions (Su et al., 2021)
+    none = "none"  # no position information (the decoder's causal mask still orders the target)
 
 
 class Activation(enum.Enum):
@@ -183,6 +185,7 @@ class ModelConfig:
     norm: NormPosition = NormPosition.pre
     positions: PositionKind = PositionKind.sinusoidal
     max_positions: int = 1024
+    rope_base: float = 10000.0  # positions=rope: the rotation of pair i turns by base^(-2i/d_head) per position
     tie_output: bool = True  # decoder output projection shares the target embedding matrix
     share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary; §3.4)
     glove: GloveConfig = field(default_factory=GloveConfig)
@@ -203,6 +206,9 @@ class ModelConfig:
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
             _check(0.0 <= value < 1.0, f"model.{key}", f"must be in [0, 1), got {value}")
+        _check(self.positions is not PositionKind.rope or self.head_dim % 2 == 0, "model.positions",
+               f"rope rotates pairs of coordinates and needs an even head size, got {self.head_dim}")
+        _check(self.rope_base > 1.0, "model.rope_base", f"must be > 1, got {self.rope_base}")
 
     @property
     def head_dim(self) -> int:

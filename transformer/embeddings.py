@@ -1,4 +1,4 @@
-"""Token embeddings (scaled by √d_model) and sinusoidal or learned positions.
+"""Token embeddings (scaled by √d_model), sinusoidal or learned absolute positions, and rotary positions.
 
 Shape legend: batch, seq_len, d_model, vocab.
 """
@@ -76,13 +76,13 @@ class Embeddings(nn.Module):
         self.kind = positions
         self.max_positions = max_positions
         d_model = token.weight.size(1)
-        if positions is PositionKind.sinusoidal:
-            self.register_buffer("sinusoid", sinusoidal_positions(max_positions, d_model), persistent=False)
-            self.learned = None
-        elif positions is PositionKind.learned:
+        table = sinusoidal_positions(max_positions, d_model) if positions is PositionKind.sinusoidal else None
+        self.register_buffer("sinusoid", table, persistent=False)
+        self.learned = None
+        if positions is PositionKind.learned:
             self.learned = nn.Embedding(max_positions, d_model)
             nn.init.normal_(self.learned.weight, mean=0.0, std=0.02)
-        else:
+        elif positions not in (PositionKind.sinusoidal, PositionKind.rope, PositionKind.none):  # rope: in attention
             raise ValueError(f"Embeddings: unknown position kind {positions!r}")
         self.dropout = Dropout(dropout)
 
@@ -106,6 +106,37 @@ class Embeddings(nn.Module):
         if self.learned is not None:
             index = torch.arange(offset, offset + seq_len, device=tokens.device)
             x = x + self.learned(index)  # (seq_len, d_model) broadcast over batch
-        else:
+        elif self.sinusoid is not None:
             x = x + self.sinusoid[offset : offset + seq_len].to(x.dtype)
         return self.dropout(x)
+
+
+class RotaryPositions(nn.Module):
+    """Rotary position embedding (RoPE; Su et al., 2021) for one attention layer's queries and keys.
+
+    Coordinates ``i`` and ``i + d_head/2`` of a head form a pair, rotated at position ``p`` by the angle
+    ``p * base^(-2i/d_head)``. A rotation by ``m`` then by ``n``'s inverse is a rotation by ``m - n``, so the dot
+    product of a query rotated at ``m`` and a key rotated at ``n`` depends on the positions only through
+    ``m - n``: relative positions, with no position added to the embeddings. Any even ``d_head`` works.
+    The cos/sin tables are a non-persistent buffer (a pure function of the sizes, not in checkpoints).
+    """
+
+    def __init__(self, d_head: int, max_positions: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"RotaryPositions: d_head must be even, got {d_head}")
+        half = d_head // 2
+        inv_freq = base ** (-torch.arange(half, dtype=torch.float64) / half)  # (half,) = base^(-2i/d_head)
+        angle = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (max_positions, half)
+        self.register_buffer("cos_sin", torch.stack([angle.cos(), angle.sin()]).float(), persistent=False)
+        self.max_positions = max_positions
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Rotate ``x`` (batch, heads, seq_len, d_head) whose positions are ``offset … offset + seq_len - 1``."""
+        seq_len = x.size(-2)
+        if offset + seq_len > self.max_positions:
+            raise ValueError(f"RotaryPositions: position {offset + seq_len - 1} is beyond "
+                             f"model.max_positions={self.max_positions}")
+        cos, sin = self.cos_sin[:, offset : offset + seq_len].to(x.dtype)  # 2 x (seq_len, half)
+        first, second = x.chunk(2, dim=-1)  # the two coordinates of every pair: (batch, heads, seq_len, half)
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from transformer.attention import KVCache, MultiHeadAttention
+from transformer.embeddings import RotaryPositions
 from transformer.config import Activation, NormPosition
 from transformer.dropout import Dropout
 
@@ -65,6 +66,12 @@ class LayerSizes:
     attention_dropout: float
     activation: Activation
     norm: NormPosition
+    rope_base: float | None = None  # positions=rope: self-attention rotates queries and keys (None: it does not)
+    max_positions: int = 1024
+
+    def rotary(self) -> RotaryPositions | None:
+        """A self-attention layer's rotary positions, or None without positions=rope."""
+        return None if self.rope_base is None else RotaryPositions(self.d_head, self.max_positions, self.rope_base)
 
 
 class EncoderLayer(nn.Module):
@@ -73,7 +80,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, sizes: LayerSizes) -> None:
         super().__init__()
         s = sizes
-        self.self_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout)
+        self.self_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout, rotary=s.rotary())
         self.feed_forward = FeedForward(s.d_model, s.d_ff, s.dropout, s.activation)
         self.attn_block = Residual(s.d_model, s.dropout, s.norm)
         self.ff_block = Residual(s.d_model, s.dropout, s.norm)
@@ -107,7 +114,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, sizes: LayerSizes) -> None:
         super().__init__()
         s = sizes
-        self.self_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout)
+        self.self_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout, rotary=s.rotary())
         self.cross_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout)
         self.feed_forward = FeedForward(s.d_model, s.d_ff, s.dropout, s.activation)
         self.self_block = Residual(s.d_model, s.dropout, s.norm)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.attention import KVCache
-from transformer.config import ConfigError, ModelConfig, NormPosition
+from transformer.config import ConfigError, ModelConfig, NormPosition, PositionKind
 from transformer.embeddings import Embeddings, TokenEmbedding
 from transformer.layers import DecoderLayer, EncoderLayer, LayerSizes
 from transformer.loss import projected_label_smoothed_sums
@@ -83,7 +83,8 @@ class DecoderOutput:
 
 def _sizes(cfg: ModelConfig) -> LayerSizes:
     return LayerSizes(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
-                      cfg.activation, cfg.norm)
+                      cfg.activation, cfg.norm, rope_base=cfg.rope_base if cfg.positions is PositionKind.rope else None,
+                      max_positions=cfg.max_positions)
 
 
 class Encoder(nn.Module):

@@ -10,11 +10,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from transformer.config import (
+    AttentionScore,
     ConfigError,
     EvalConfig,
     EvaluateConfig,
     ModelConfig,
     NormPosition,
+    PositionKind,
     TrainConfig,
     from_plain_dict,
     to_plain_dict,
@@ -98,6 +100,7 @@ def test_bad_choice_lists_valid_values(compose_config):
     ("model.dropout=1.5", "model.dropout"),
     ("eval.n_best=9", "eval.n_best"),
     ("data.tgt=en", "data.src"),
+    ("model.max_relative_distance=0", "model.max_relative_distance"),
 ])
 def test_bad_value_names_the_key(compose_config, override, key):
     with pytest.raises(ConfigError, match=f"^{key}:"):
@@ -125,6 +128,19 @@ def test_plain_dict_round_trip():
     plain = to_plain_dict(cfg)
     assert plain["model"]["norm"] == "post"
     assert from_plain_dict(TrainConfig, plain) == cfg
+
+
+def test_attention_options_compose_and_old_model_configs_get_todays_behaviour(compose_config):
+    cfg = OmegaConf.to_object(compose_config("train", ["model.attention.score=additive", "model.positions=relative",
+                                                        "model.max_relative_distance=8", *RUN]))
+    assert (cfg.model.attention.score, cfg.model.positions) == (AttentionScore.additive, PositionKind.relative)
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config("train", ["model.attention.score=cosine", *RUN])
+    assert "multiplicative" in str(error.value.__cause__)
+    # a checkpoint written before these options existed records neither key: it rebuilds today's model
+    old = to_plain_dict(ModelConfig())
+    del old["attention"], old["max_relative_distance"], old["rope_base"]
+    assert from_plain_dict(ModelConfig, old) == ModelConfig()
 
 
 def test_glove_model_without_a_vector_file_says_how_to_give_one(compose_config, monkeypatch):

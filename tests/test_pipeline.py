@@ -80,6 +80,20 @@ def test_evaluate_scores_and_dumps_attention(trained_run, compose_config, tmp_pa
     assert (tmp_path / "attention" / "test0_hyp.npz").is_file()
 
 
+def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_config, tmp_path):
+    run_dir, _ = trained_run
+    test_src = (run_dir.parent / "toy" / "test.src").read_text(encoding="utf-8").splitlines()
+    long = [line for line in test_src if len(line.split()) > 5]  # word tokens: a copy task, both sides alike
+    assert 0 < len(long) < len(test_src)
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", "eval=greedy", f"output_dir={tmp_path}", "longer_than=5"])
+    result = pipeline.evaluate(OmegaConf.to_object(cfg))
+    assert result["test_set"].endswith(f"(pairs with > 5 tokens on a side: {len(long)})")
+    assert len((tmp_path / "hypotheses.txt").read_text(encoding="utf-8").splitlines()) == len(long)
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", f"output_dir={tmp_path}", "longer_than=7"])
+    with pytest.raises(ConfigError, match="longer_than: no test pair has more than 7 tokens"):
+        pipeline.evaluate(OmegaConf.to_object(cfg))
+
+
 def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
     run_dir, _ = trained_run
     text = "a b c\n\nd e f g\n\u00e9\u00e8 \u2603 \U0001F600\nh\n"

@@ -142,11 +142,15 @@ def reversal_batch(gen: torch.Generator, n: int) -> tuple[torch.Tensor, torch.Te
     return src, tgt_in, tgt_out
 
 
-def train_reversal_model(steps: int = 600, positions: PositionKind = PositionKind.sinusoidal) -> nn.Module:
-    """A 2+2-layer d_model-32 model trained from scratch on digit reversal (Adam, linear decay); eval mode."""
+def train_reversal_model(steps: int = 600, positions: PositionKind = PositionKind.sinusoidal,
+                         **model_options: object) -> nn.Module:
+    """A 2+2-layer d_model-32 model trained from scratch on digit reversal (Adam, linear decay); eval mode.
+
+    ``model_options`` are further ``ModelConfig`` fields (e.g. ``attention=AttentionConfig(...)``).
+    """
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                      max_positions=64, share_embeddings=False, positions=positions)
+                      max_positions=64, share_embeddings=False, positions=positions, **model_options)
     model = build_model(cfg, REVERSAL_VOCAB, REVERSAL_VOCAB, PAD)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)

@@ -17,6 +17,19 @@ Which fused kernel runs (``F.scaled_dot_product_attention``'s backend) is chosen
 On CPU, PyTorch's own order (its flash kernel when there is no dropout on the weights, else math) is already
 that choice and plans nothing per shape, so no backend is forced there. Every path gives the numbers of the
 explicit softmax(QKᵀ/√d)V (tests compare them).
+
+The score functions (``model.attention.score``) and which path they take:
+
+- ``scaled_dot``: q·k/√d_head, fused.
+- ``multiplicative`` (Luong's "general"): qᵀWk with one d_head×d_head matrix W per head. Since
+  qᵀWk = (Wᵀq)·k it is still a dot product, so it runs fused too: the query is multiplied by W first and the
+  kernel's scale is 1. W starts at I/√d_head, where the score equals scaled_dot's.
+- ``additive`` (Bahdanau): vᵀtanh(q + k) per head, where q and k are the head's projected query and key (the
+  in-projection is W_q and W_k, its biases the bias inside tanh). No fused kernel computes it: it runs on the
+  explicit path, with memory O(batch·heads·q_len·k_len·d_head) per layer.
+
+Relative positions (``model.positions=relative``) add q_i·r_{j-i}/√d_head to the self-attention scores; on the
+fused path that term goes in as a float mask, which the memory-efficient and math kernels accept (not flash).
 """
 
 from __future__ import annotations
@@ -30,7 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer.embeddings import RotaryPositions
+from transformer.config import AttentionScore
+from transformer.embeddings import RelativePositions, RotaryPositions
 from transformer.masks import causal_mask
 
 _CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -58,6 +72,31 @@ def _guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
     return mask | ~has_key, has_key
 
 
+def softmax_attention(scores: Tensor, value: Tensor, mask: Tensor | None = None,
+                      dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+    """The explicit path of every score function: softmax over the allowed keys, dropout, weighted values.
+
+    Args:
+        scores: (batch, heads, q_len, k_len), already scaled.
+        value: (batch, heads, k_len, d_v).
+        mask: bool, True = may attend, broadcastable to ``scores``; None = all. Rows with no allowed key give
+            all-zero weights and a zero output (never NaN).
+        dropout_p: dropout on the weights (pass 0 at evaluation).
+
+    Returns:
+        output (batch, heads, q_len, d_v) and the weights before dropout (batch, heads, q_len, k_len).
+    """
+    has_key = None
+    if mask is not None:
+        mask, has_key = _guard_empty_rows(mask)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if has_key is not None:
+        weights = weights * has_key  # empty rows -> all-zero weights
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return attended @ value, weights  # (batch, heads, q_len, d_v), (batch, heads, q_len, k_len)
+
+
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -66,12 +105,15 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
     is_causal: bool = False,
+    scale: float | None = None,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(Q Kᵀ / √d_head) V  (Vaswani et al., 2017, §3.2.1).
+    """softmax(Q Kᵀ / √d_head + bias) V  (Vaswani et al., 2017, §3.2.1).
 
     Two paths with the same numbers: when ``need_weights`` is True an explicit one that returns the
     attention weights (for attention maps); otherwise PyTorch's fused ``F.scaled_dot_product_attention``
-    (training and decoding). Query rows whose mask allows no key give zeros (never NaN) on both paths.
+    (training and decoding), which also adds a ``bias`` (as a float mask, with gradients). Query rows whose
+    mask allows no key give zeros (never NaN) on both paths.
 
     Args:
         query: (batch, heads, q_len, d_head).
@@ -81,7 +123,9 @@ def scaled_dot_product_attention(
         dropout_p: dropout on the attention weights (pass 0 at evaluation).
         need_weights: also return the weights (before dropout).
         is_causal: query i may attend to keys 0..i (needs q_len == k_len and no ``mask``); lets the fused
-            path run flash attention.
+            path run flash attention when there is no ``bias``.
+        scale: multiplies Q Kᵀ; None = 1/√d_head.
+        bias: (batch, heads, q_len, k_len) added to the scaled scores (relative positions); None = nothing.
 
     Returns:
         output (batch, heads, q_len, d_v) and weights (batch, heads, q_len, k_len) or None.
@@ -90,27 +134,39 @@ def scaled_dot_product_attention(
         if mask is not None or query.size(-2) != key.size(-2):
             raise ValueError(f"is_causal needs no mask and q_len == k_len, got mask={mask is not None}, "
                              f"q_len={query.size(-2)}, k_len={key.size(-2)}")
-        if need_weights:
-            mask = causal_mask(query.size(-2), device=query.device)  # (1, 1, q_len, q_len)
+        if need_weights or bias is not None:  # no fused kernel takes both a causal flag and a float mask
+            mask, is_causal = causal_mask(query.size(-2), device=query.device), False  # (1, 1, q_len, q_len)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    if need_weights:
+        scores = query @ key.transpose(-2, -1) * scale  # (batch, heads, q_len, k_len)
+        return softmax_attention(scores if bias is None else scores + bias, value, mask, dropout_p)
     has_key = None
     if mask is not None:
         mask, has_key = _guard_empty_rows(mask)
-    if need_weights:
-        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))  # (batch, heads, q_len, k_len)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        if has_key is not None:
-            weights = weights * has_key  # empty rows -> all-zero weights
-        attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-        output = attended @ value  # (batch, heads, q_len, d_v)
-        return output, weights
+    if bias is not None:
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))  # a float mask is added
     with _backends(query.device, is_causal):
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p,
-                                                is_causal=is_causal)
+                                                is_causal=is_causal, scale=scale)
     if has_key is not None:
         output = output * has_key  # (batch, heads, q_len, d_v); empty rows -> zeros
     return output, None
+
+
+def additive_scores(query: Tensor, key: Tensor, v: Tensor) -> Tensor:
+    """Bahdanau scores vᵀ tanh(q_i + k_j) of every head, whose q and k are already W_q q and W_k k.
+
+    Memory: the tanh is (batch, heads, q_len, k_len, d_head), which autograd keeps for the backward pass.
+
+    Args:
+        query: (batch, heads, q_len, d_head); key: (batch, heads, k_len, d_head).
+        v: (heads, d_head), one scoring vector per head.
+
+    Returns:
+        (batch, heads, q_len, k_len).
+    """
+    hidden = torch.tanh(query.unsqueeze(3) + key.unsqueeze(2))  # (batch, heads, q_len, k_len, d_head)
+    return torch.einsum("bhqkd,hd->bhqk", hidden, v.to(hidden.dtype))
 
 
 @dataclass
@@ -150,11 +206,18 @@ class MultiHeadAttention(nn.Module):
     Q, K and V project d_model -> n_heads·d_head, the output projection W_O maps n_heads·d_head ->
     d_model, so d_model=300 with 8 heads of 64 works. Q, K, V weights live in one ``in_proj_weight``
     (3·inner, d_model) so self-attention runs one matmul; without bias the layer has
-    4·d_model·n_heads·d_head parameters.
+    4·d_model·n_heads·d_head parameters, plus n_heads·d_head² for the multiplicative score's W and
+    n_heads·d_head for the additive score's v.
+
+    Args:
+        score: how a query scores a key (see the module docstring).
+        rotary: rotates queries and new keys by position (self-attention with positions=rope).
+        relative: adds the relative-position term to the scores (self-attention with positions=relative).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, dropout: float = 0.0,
-                 bias: bool = True, rotary: RotaryPositions | None = None) -> None:
+                 bias: bool = True, rotary: RotaryPositions | None = None, relative: RelativePositions | None = None,
+                 score: AttentionScore = AttentionScore.scaled_dot) -> None:
         super().__init__()
         if d_head is None:
             if d_model % n_heads != 0:
@@ -171,13 +234,25 @@ class MultiHeadAttention(nn.Module):
         self.in_proj_weight = nn.Parameter(torch.empty(3 * inner, d_model))  # rows: [W_Q; W_K; W_V]
         self.in_proj_bias = nn.Parameter(torch.zeros(3 * inner)) if bias else None
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
-        self.rotary = rotary  # rotates queries and new keys by position (self-attention with positions=rope)
+        self.rotary, self.relative, self.score = rotary, relative, score
+        self.score_weight = None  # multiplicative: (heads, d_head, d_head), the W of qᵀWk per head
+        self.score_vector = None  # additive: (heads, d_head), the v of vᵀtanh(q + k) per head
+        if score is AttentionScore.multiplicative:
+            self.score_weight = nn.Parameter(torch.empty(n_heads, d_head, d_head))
+        elif score is AttentionScore.additive:
+            self.score_vector = nn.Parameter(torch.empty(n_heads, d_head))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform per projection (as if Q, K, V were separate layers), zero biases."""
+        """Xavier-uniform per projection (as if Q, K, V were separate layers), zero biases; W = I/√d_head
+        (multiplicative starts as scaled_dot), v ~ normal(0, 1/d_head) (additive scores start near unit scale)."""
         for chunk in self.in_proj_weight.data.chunk(3, dim=0):
             nn.init.xavier_uniform_(chunk)
+        if self.score_weight is not None:
+            with torch.no_grad():
+                self.score_weight.copy_(torch.eye(self.d_head).expand_as(self.score_weight) / math.sqrt(self.d_head))
+        if self.score_vector is not None:
+            nn.init.normal_(self.score_vector, mean=0.0, std=self.d_head**-0.5)
         nn.init.xavier_uniform_(self.out_proj.weight)
         if self.in_proj_bias is not None:
             nn.init.zeros_(self.in_proj_bias)
@@ -245,8 +320,30 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and not cache.static and cache.length > 0:  # an empty cache adds nothing
             kv = KVCache(torch.cat([cache.key, kv.key], dim=2), torch.cat([cache.value, kv.value], dim=2))
         dropout_p = self.dropout if self.training else 0.0
-        context, weights = scaled_dot_product_attention(q, kv.key, kv.value, mask, dropout_p, need_weights,
-                                                       is_causal)
+        context, weights = self._attend(q, kv, mask, dropout_p, need_weights, is_causal,
+                                        offset=cache.length if cache is not None and not cache.static else 0)
         batch, _, q_len, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, q_len, inner)  # (batch, q_len, inner)
         return AttentionOutput(self.out_proj(context), weights, kv if cache is not None else None)
+
+    def _attend(self, q: Tensor, kv: KVCache, mask: Tensor | None, dropout_p: float, need_weights: bool,
+                is_causal: bool, offset: int) -> tuple[Tensor, Tensor | None]:
+        """Score ``q`` (batch, heads, q_len, d_head), at positions ``offset …``, against the whole ``kv``.
+
+        Returns:
+            context (batch, heads, q_len, d_head) and weights (batch, heads, q_len, k_len) or None.
+        """
+        bias = None
+        if self.relative is not None:  # q_i·r_{j-i}/√d_head, from the query before any score matrix
+            bias = self.relative(q, kv.length, offset) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
+        if self.score is AttentionScore.additive:
+            if is_causal:
+                mask = causal_mask(q.size(-2), device=q.device)  # (1, 1, q_len, q_len)
+            scores = additive_scores(q, kv.key, self.score_vector)  # (batch, heads, q_len, k_len)
+            context, weights = softmax_attention(scores if bias is None else scores + bias, kv.value, mask, dropout_p)
+            return context, weights if need_weights else None
+        scale = None
+        if self.score is AttentionScore.multiplicative:  # qᵀWk = (qᵀW)·k: a dot product the fused kernels run
+            q, scale = q @ self.score_weight.to(q.dtype), 1.0  # (batch, heads, q_len, d_head)
+        return scaled_dot_product_attention(q, kv.key, kv.value, mask, dropout_p, need_weights, is_causal,
+                                            scale=scale, bias=bias)

@@ -56,8 +56,15 @@ class NormPosition(enum.Enum):
 class PositionKind(enum.Enum):
     sinusoidal = "sinusoidal"  # fixed absolute positions added to the embeddings (the paper's §3.5)
     learned = "learned"  # a trained absolute position table added to the embeddings
+    relative = "relative"  # learned vectors per clipped distance j - i in self-attention scores (Shaw et al., 2018)
     rope = "rope"  # rotary: self-attention queries and keys rotated by their positions (Su et al., 2021)
     none = "none"  # no position information (the decoder's causal mask still orders the target)
+
+
+class AttentionScore(enum.Enum):
+    scaled_dot = "scaled_dot"  # q·k / √d_head (the paper's §3.2.1)
+    additive = "additive"  # vᵀ tanh(W_q q + W_k k) (Bahdanau et al., 2015)
+    multiplicative = "multiplicative"  # qᵀ W k (Luong et al., 2015, "general")
 
 
 class Activation(enum.Enum):
@@ -156,6 +163,13 @@ class DataConfig:
 
 
 @dataclass
+class AttentionConfig:
+    """How every attention layer (encoder self, decoder self, cross) scores a query against a key."""
+
+    score: AttentionScore = AttentionScore.scaled_dot
+
+
+@dataclass
 class GloveConfig:
     """Initialise embeddings from a GloVe-format vector file (text, .gz, .zip member, word2vec header)."""
 
@@ -186,6 +200,8 @@ class ModelConfig:
     positions: PositionKind = PositionKind.sinusoidal
     max_positions: int = 1024
     rope_base: float = 10000.0  # positions=rope: the rotation of pair i turns by base^(-2i/d_head) per position
+    max_relative_distance: int = 16  # positions=relative: distances j - i are clipped to [-this, this]
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
     tie_output: bool = True  # decoder output projection shares the target embedding matrix
     share_embeddings: bool = True  # one embedding for source and target (needs a joint vocabulary; §3.4)
     glove: GloveConfig = field(default_factory=GloveConfig)
@@ -209,6 +225,8 @@ class ModelConfig:
         _check(self.positions is not PositionKind.rope or self.head_dim % 2 == 0, "model.positions",
                f"rope rotates pairs of coordinates and needs an even head size, got {self.head_dim}")
         _check(self.rope_base > 1.0, "model.rope_base", f"must be > 1, got {self.rope_base}")
+        _check(self.max_relative_distance >= 1, "model.max_relative_distance",
+               f"must be >= 1, got {self.max_relative_distance}")
 
     @property
     def head_dim(self) -> int:
@@ -356,6 +374,9 @@ class EvaluateConfig:
     checkpoint: Optional[str] = None  # or a checkpoint file
     src_file: Optional[str] = None  # default: the run's test split
     ref_file: Optional[str] = None
+    # Score only the pairs with more than this many tokens on a side (in the model's own tokens). With the
+    # data.max_len a model was trained with, that is the sentences longer than any it saw: its extrapolation.
+    longer_than: Optional[int] = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     attention: AttentionDumpConfig = field(default_factory=AttentionDumpConfig)
     output_dir: str = "outputs/evaluate"
@@ -366,6 +387,8 @@ class EvaluateConfig:
                "give exactly one of run_dir=... or checkpoint=...")
         _check((self.src_file is None) == (self.ref_file is None), "ref_file",
                "src_file and ref_file go together")
+        _check(self.longer_than is None or self.longer_than >= 0, "longer_than",
+               f"must be >= 0 or null, got {self.longer_than}")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Token embeddings (scaled by √d_model), sinusoidal or learned absolute positions, and rotary positions.
+"""Token embeddings (scaled by √d_model), sinusoidal or learned absolute positions, and the positions that live
+in self-attention instead: rotary (queries and keys rotated) and relative (a learned vector per distance).
 
 Shape legend: batch, seq_len, d_model, vocab.
 """
@@ -82,7 +83,7 @@ class Embeddings(nn.Module):
         if positions is PositionKind.learned:
             self.learned = nn.Embedding(max_positions, d_model)
             nn.init.normal_(self.learned.weight, mean=0.0, std=0.02)
-        elif positions not in (PositionKind.sinusoidal, PositionKind.rope, PositionKind.none):  # rope: in attention
+        elif positions not in (PositionKind.sinusoidal, PositionKind.rope, PositionKind.relative, PositionKind.none):
             raise ValueError(f"Embeddings: unknown position kind {positions!r}")
         self.dropout = Dropout(dropout)
 
@@ -140,3 +141,34 @@ class RotaryPositions(nn.Module):
         cos, sin = self.cos_sin[:, offset : offset + seq_len].to(x.dtype)  # 2 x (seq_len, half)
         first, second = x.chunk(2, dim=-1)  # the two coordinates of every pair: (batch, heads, seq_len, half)
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+
+
+class RelativePositions(nn.Module):
+    """Key-side relative position representations (Shaw et al., 2018) for one self-attention layer.
+
+    A learned vector ``r_d`` (d_head) per distance ``d = j - i`` clipped to ``[-max_distance, max_distance]``
+    adds ``q_i · r_{clip(j - i)}`` to the score of query ``i`` and key ``j``. The heads of a layer share the
+    table (as in the paper), so it costs ``(2·max_distance + 1)·d_head`` parameters per layer. Only the
+    keys side: the paper found the values side added nothing for translation.
+    """
+
+    def __init__(self, d_head: int, max_distance: int) -> None:
+        super().__init__()
+        self.max_distance = max_distance
+        self.table = nn.Parameter(torch.empty(2 * max_distance + 1, d_head))  # row d + max_distance = r_d
+        nn.init.normal_(self.table, mean=0.0, std=0.02)
+
+    def forward(self, query: Tensor, k_len: int, offset: int = 0) -> Tensor:
+        """The relative score term of ``query`` (batch, heads, q_len, d_head) at positions ``offset …``
+        against keys at positions ``0 … k_len - 1``.
+
+        Returns:
+            (batch, heads, q_len, k_len): ``q_i · r_{clip(j - i)}``, unscaled.
+        """
+        batch, heads, q_len, _ = query.shape
+        q_pos = torch.arange(offset, offset + q_len, device=query.device)
+        k_pos = torch.arange(k_len, device=query.device)
+        distance = (k_pos[None, :] - q_pos[:, None]).clamp(-self.max_distance, self.max_distance)  # (q_len, k_len)
+        per_distance = query @ self.table.to(query.dtype).t()  # (batch, heads, q_len, 2·max_distance + 1)
+        index = (distance + self.max_distance).expand(batch, heads, q_len, k_len)
+        return per_distance.gather(-1, index)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from transformer.attention import KVCache, MultiHeadAttention
-from transformer.embeddings import RotaryPositions
-from transformer.config import Activation, NormPosition
+from transformer.config import Activation, AttentionScore, NormPosition
+from transformer.embeddings import RelativePositions, RotaryPositions
 from transformer.dropout import Dropout
 
 
@@ -66,12 +66,26 @@ class LayerSizes:
     attention_dropout: float
     activation: Activation
     norm: NormPosition
+    score: AttentionScore = AttentionScore.scaled_dot
     rope_base: float | None = None  # positions=rope: self-attention rotates queries and keys (None: it does not)
     max_positions: int = 1024
+    max_relative_distance: int | None = None  # positions=relative: self-attention adds r_{j-i} (None: it does not)
 
-    def rotary(self) -> RotaryPositions | None:
-        """A self-attention layer's rotary positions, or None without positions=rope."""
-        return None if self.rope_base is None else RotaryPositions(self.d_head, self.max_positions, self.rope_base)
+    def self_attention(self) -> MultiHeadAttention:
+        """A self-attention layer, with the positions that live in attention (rope, relative) when chosen.
+
+        Cross-attention gets neither: source and target positions are not positions in one sequence, so their
+        difference means nothing (a target word's source word can sit anywhere).
+        """
+        rotary = None if self.rope_base is None else RotaryPositions(self.d_head, self.max_positions, self.rope_base)
+        relative = (None if self.max_relative_distance is None
+                    else RelativePositions(self.d_head, self.max_relative_distance))
+        return MultiHeadAttention(self.d_model, self.n_heads, self.d_head, self.attention_dropout, rotary=rotary,
+                                  relative=relative, score=self.score)
+
+    def cross_attention(self) -> MultiHeadAttention:
+        """A cross-attention layer (no positions inside: see :meth:`self_attention`)."""
+        return MultiHeadAttention(self.d_model, self.n_heads, self.d_head, self.attention_dropout, score=self.score)
 
 
 class EncoderLayer(nn.Module):
@@ -80,7 +94,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, sizes: LayerSizes) -> None:
         super().__init__()
         s = sizes
-        self.self_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout, rotary=s.rotary())
+        self.self_attn = s.self_attention()
         self.feed_forward = FeedForward(s.d_model, s.d_ff, s.dropout, s.activation)
         self.attn_block = Residual(s.d_model, s.dropout, s.norm)
         self.ff_block = Residual(s.d_model, s.dropout, s.norm)
@@ -114,8 +128,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, sizes: LayerSizes) -> None:
         super().__init__()
         s = sizes
-        self.self_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout, rotary=s.rotary())
-        self.cross_attn = MultiHeadAttention(s.d_model, s.n_heads, s.d_head, s.attention_dropout)
+        self.self_attn = s.self_attention()
+        self.cross_attn = s.cross_attention()
         self.feed_forward = FeedForward(s.d_model, s.d_ff, s.dropout, s.activation)
         self.self_block = Residual(s.d_model, s.dropout, s.norm)
         self.cross_block = Residual(s.d_model, s.dropout, s.norm)

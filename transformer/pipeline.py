@@ -36,7 +36,7 @@ from transformer.corpus_files import corpus_paths, load_split
 from transformer.data import TranslationDataset, read_parallel
 from transformer.decoding import translate as translate_texts
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
-from transformer.inference import find_checkpoint, format_scores, load_trained, score_texts
+from transformer.inference import TrainedModel, find_checkpoint, format_scores, load_trained, score_texts
 from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
@@ -267,6 +267,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     else:
         src, refs = load_split(data, data.test_split)
         name = f"{data.test_split}.{data.src}-{data.tgt}"
+    if cfg.longer_than is not None:
+        src, refs = _longer_than(src, refs, trained, cfg.longer_than)
+        name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
     scores, hypotheses = score_texts(trained.model, src, refs, trained.src_tok, trained.tgt_tok, cfg.eval, device,
                                      data.tgt)
     out = Path(cfg.output_dir)
@@ -280,6 +283,16 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     tracker.close()
     print(f"{name}: {format_scores(scores)}")
     return metrics
+
+
+def _longer_than(src: list[str], refs: list[str], trained: TrainedModel, n_tokens: int) -> tuple[list[str], list[str]]:
+    """The pairs whose source or reference has more than ``n_tokens`` tokens in the model's tokenizers."""
+    src_lengths = [len(ids) for ids in trained.src_tok.encode_batch(src)]
+    ref_lengths = [len(ids) for ids in trained.tgt_tok.encode_batch(refs)]
+    kept = [i for i, (s, r) in enumerate(zip(src_lengths, ref_lengths)) if max(s, r) > n_tokens]
+    if not kept:
+        raise ConfigError(f"longer_than: no test pair has more than {n_tokens} tokens on a side")
+    return [src[i] for i in kept], [refs[i] for i in kept]
 
 
 def translate(cfg: TranslateConfig) -> None:

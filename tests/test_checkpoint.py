@@ -193,6 +193,15 @@ def test_resume_compares_only_keys_both_configs_have():
     check_resume_config(older, _set(SAVED, "training.max_tokens", 4097), "run/last.pt")
 
 
+def test_resume_treats_a_model_key_the_checkpoint_lacks_as_its_default():
+    older = copy.deepcopy(SAVED)
+    del older["model"]["attention"], older["model"]["max_relative_distance"]  # a checkpoint from before them
+    check_resume_config(older, SAVED, "run/last.pt")  # today's defaults: the same model
+    with pytest.raises(ConfigError, match=re.escape("model.attention.score: the checkpoint run/last.pt was trained "
+                                                    "with 'scaled_dot', the config says 'additive'")):
+        check_resume_config(older, _set(SAVED, "model.attention.score", "additive"), "run/last.pt")
+
+
 def test_resume_on_another_kind_of_device_is_refused_by_the_resolved_batch_layout():
     on_gpu = to_plain_dict(replace(TrainConfig(), training=resolve_training(TrainingConfig(), torch.device("cuda"))))
     with pytest.raises(ConfigError, match=r"training\.accumulate: the checkpoint run/last.pt was trained with 2, "

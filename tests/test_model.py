@@ -215,10 +215,24 @@ def test_empty_source_gives_finite_outputs_and_gradients() -> None:
 def test_rope_needs_an_even_head_size_and_adds_no_parameters() -> None:
     with pytest.raises(ConfigError, match="model.positions: rope rotates pairs"):
         ModelConfig(d_model=15, n_heads=3, positions=PositionKind.rope)
-    sizes = {name: sum(p.numel() for p in _model(positions=kind).parameters())
-             for name, kind in (("sinusoidal", PositionKind.sinusoidal), ("rope", PositionKind.rope))}
-    assert sizes["rope"] == sizes["sinusoidal"]
-    assert set(_model(positions=PositionKind.rope).state_dict()) == set(_model().state_dict())  # old checkpoints load
+    assert set(_model(positions=PositionKind.rope).state_dict()) == set(_model().state_dict())
+
+
+def test_default_model_has_the_parameters_of_checkpoints_from_before_the_variants() -> None:
+    names = set(_model().state_dict())
+    assert not [name for name in names if "score_" in name or "relative" in name]  # old checkpoints load strictly
+    relative = _model(positions=PositionKind.relative, max_relative_distance=3)
+    added = set(relative.state_dict()) - names
+    assert added == {f"{stack}.layers.{i}.self_attn.relative.table" for stack in ("encoder", "decoder") for i in (0, 1)}
+
+
+@pytest.mark.parametrize("name", ["rope", "relative"])
+def test_positions_inside_attention_stay_out_of_cross_attention(name: str) -> None:
+    model = _model(**CONFIGS[name])
+    for layer in model.decoder.layers:
+        assert layer.cross_attn.rotary is None and layer.cross_attn.relative is None
+        assert (layer.self_attn.rotary is not None) == (name == "rope")
+        assert (layer.self_attn.relative is not None) == (name == "relative")
 
 
 # Steps each option needs for >= 99 % (measured when written, greedy on 500 held-out strings): positions that

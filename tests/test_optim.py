@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from transformer.config import Schedule, TrainingConfig
+from transformer.embeddings import RelativePositions
 from transformer.optim import build_optimizer, learning_rate, parameter_groups
 
 
@@ -59,6 +60,7 @@ class Tiny(nn.Module):
         self.out.weight = self.embed.weight  # tied
         self.frozen = nn.Linear(4, 4)
         self.frozen.requires_grad_(False)
+        self.relative = RelativePositions(4, max_distance=2)  # a lookup table per distance
 
 
 def test_parameter_groups_decay_only_projection_matrices():
@@ -67,7 +69,8 @@ def test_parameter_groups_decay_only_projection_matrices():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert {id(p) for p in decay["params"]} == {id(model.proj.weight)}
     assert {id(p) for p in no_decay["params"]} == {
-        id(model.embed.weight), id(model.proj.bias), id(model.norm.weight), id(model.norm.bias)}
+        id(model.embed.weight), id(model.proj.bias), id(model.norm.weight), id(model.norm.bias),
+        id(model.relative.table)}
 
 
 def test_build_optimizer_uses_config():

@@ -3,12 +3,15 @@
 The public names most users need; everything else lives in its own module (see the README's layout).
 """
 
-from transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from transformer.attention import MultiHeadAttention, additive_scores, scaled_dot_product_attention
 from transformer.config import (
+    AttentionConfig,
+    AttentionScore,
     DataConfig,
     EvalConfig,
     EvaluateConfig,
     ModelConfig,
+    PositionKind,
     TokenizerConfig,
     TrainConfig,
     TrainingConfig,
@@ -19,6 +22,8 @@ from transformer.inference import TrainedModel, load_trained
 from transformer.model import DecoderCache, EncoderOutput, Transformer, build_model
 
 __all__ = [
+    "AttentionConfig",
+    "AttentionScore",
     "DataConfig",
     "DecoderCache",
     "EncoderOutput",
@@ -27,12 +32,14 @@ __all__ = [
     "Hypothesis",
     "ModelConfig",
     "MultiHeadAttention",
+    "PositionKind",
     "TokenizerConfig",
     "TrainConfig",
     "TrainedModel",
     "Transformer",
     "TrainingConfig",
     "TranslateConfig",
+    "additive_scores",
     "beam_search",
     "build_model",
     "greedy_search",

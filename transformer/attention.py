@@ -97,6 +97,13 @@ def softmax_attention(scores: Tensor, value: Tensor, mask: Tensor | None = None,
     return attended @ value, weights  # (batch, heads, q_len, d_v), (batch, heads, q_len, k_len)
 
 
+def _check_causal(query: Tensor, key: Tensor, mask: Tensor | None) -> None:
+    """``is_causal`` needs no mask and as many queries as keys."""
+    if mask is not None or query.size(-2) != key.size(-2):
+        raise ValueError(f"is_causal needs no mask and q_len == k_len, got mask={mask is not None}, "
+                         f"q_len={query.size(-2)}, k_len={key.size(-2)}")
+
+
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -131,9 +138,7 @@ def scaled_dot_product_attention(
         output (batch, heads, q_len, d_v) and weights (batch, heads, q_len, k_len) or None.
     """
     if is_causal:
-        if mask is not None or query.size(-2) != key.size(-2):
-            raise ValueError(f"is_causal needs no mask and q_len == k_len, got mask={mask is not None}, "
-                             f"q_len={query.size(-2)}, k_len={key.size(-2)}")
+        _check_causal(query, key, mask)
         if need_weights or bias is not None:  # no fused kernel takes both a causal flag and a float mask
             mask, is_causal = causal_mask(query.size(-2), device=query.device), False  # (1, 1, q_len, q_len)
     scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
@@ -143,8 +148,9 @@ def scaled_dot_product_attention(
     has_key = None
     if mask is not None:
         mask, has_key = _guard_empty_rows(mask)
-    if bias is not None:
-        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))  # a float mask is added
+    if bias is not None:  # a float mask is added to the scores; the fused kernels want it in the query's dtype
+        bias = bias.to(query.dtype)
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     with _backends(query.device, is_causal):
         output = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p,
                                                 is_causal=is_causal, scale=scale)
@@ -206,8 +212,8 @@ class MultiHeadAttention(nn.Module):
     Q, K and V project d_model -> n_heads·d_head, the output projection W_O maps n_heads·d_head ->
     d_model, so d_model=300 with 8 heads of 64 works. Q, K, V weights live in one ``in_proj_weight``
     (3·inner, d_model) so self-attention runs one matmul; without bias the layer has
-    4·d_model·n_heads·d_head parameters, plus n_heads·d_head² for the multiplicative score's W and
-    n_heads·d_head for the additive score's v.
+    4·d_model·n_heads·d_head parameters, plus n_heads·d_head² for the multiplicative score's W,
+    n_heads·d_head for the additive score's v and (2·max_distance + 1)·d_head for a relative-position table.
 
     Args:
         score: how a query scores a key (see the module docstring).
@@ -314,14 +320,13 @@ class MultiHeadAttention(nn.Module):
             q, kv = self._project(query, slice(0, inner)), self.project_key_value(key, value)
             kv.static = False
         q = self._split_heads(q)  # (batch, heads, q_len, d_head)
-        if self.rotary is not None and not kv.static:  # new positions start after the cached ones
-            offset = cache.length if cache is not None else 0
+        offset = cache.length if cache is not None and not cache.static else 0  # new positions follow the cached
+        if self.rotary is not None and not kv.static:
             q, kv = self.rotary(q, offset), KVCache(self.rotary(kv.key, offset), kv.value)
         if cache is not None and not cache.static and cache.length > 0:  # an empty cache adds nothing
             kv = KVCache(torch.cat([cache.key, kv.key], dim=2), torch.cat([cache.value, kv.value], dim=2))
         dropout_p = self.dropout if self.training else 0.0
-        context, weights = self._attend(q, kv, mask, dropout_p, need_weights, is_causal,
-                                        offset=cache.length if cache is not None and not cache.static else 0)
+        context, weights = self._attend(q, kv, mask, dropout_p, need_weights, is_causal, offset)
         batch, _, q_len, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, q_len, inner)  # (batch, q_len, inner)
         return AttentionOutput(self.out_proj(context), weights, kv if cache is not None else None)
@@ -338,6 +343,7 @@ class MultiHeadAttention(nn.Module):
             bias = self.relative(q, kv.length, offset) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
         if self.score is AttentionScore.additive:
             if is_causal:
+                _check_causal(q, kv.key, mask)
                 mask = causal_mask(q.size(-2), device=q.device)  # (1, 1, q_len, q_len)
             scores = additive_scores(q, kv.key, self.score_vector)  # (batch, heads, q_len, k_len)
             context, weights = softmax_attention(scores if bias is None else scores + bias, kv.value, mask, dropout_p)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from transformer.config import ConfigError
+from transformer.config import ConfigError, ModelConfig, flatten, to_plain_dict
 
 CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
@@ -319,17 +319,6 @@ RESUME_WARN = (
 )
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _under(key: str, prefixes: Sequence[str]) -> bool:
     return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
 
@@ -346,8 +335,11 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
     Raises:
         ConfigError: naming the first differing key of :data:`RESUME_MUST_MATCH`, both values and why.
     """
-    old, new = _flatten(saved), _flatten(current)
-    for key in sorted(old.keys() & new.keys()):  # a key one side lacks (an older schema) is not compared
+    old, new = flatten(saved), flatten(current)
+    # A model key the checkpoint lacks came after it was written: it was trained with that key's default.
+    model_defaults = flatten(to_plain_dict(ModelConfig()), "model.")
+    old.update({key: model_defaults[key] for key in new.keys() - old.keys() if key in model_defaults})
+    for key in sorted(old.keys() & new.keys()):  # another key one side lacks (an older schema) is not compared
         if old[key] is None and key.startswith("training."):
             continue  # an older run left the device's default unresolved: it is not known, so not compared
         if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):

@@ -453,6 +453,17 @@ def to_plain_dict(cfg: Any) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True, resolve=True)
 
 
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested plain values as dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def from_plain_dict(schema: type[T], values: dict[str, Any]) -> T:
     """Rebuild a config dataclass from ``to_plain_dict`` output, validating it like a composed config."""
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))

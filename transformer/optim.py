@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from transformer.config import Schedule, TrainingConfig
+from transformer.embeddings import RelativePositions
 
 # Modules whose weights are scales/lookup tables, not projections: no weight decay for them.
-_NO_DECAY_MODULES = (nn.Embedding, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm1d)
+_NO_DECAY_MODULES = (nn.Embedding, RelativePositions, nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.BatchNorm1d)
 
 
 def learning_rate(

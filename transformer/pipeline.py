@@ -29,6 +29,7 @@ from transformer.config import (
     PrepareDataConfig,
     TrainConfig,
     TranslateConfig,
+    flatten,
     from_plain_dict,
     to_plain_dict,
 )
@@ -221,7 +222,7 @@ def _extra_state(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer) -> di
 
 
 def _hparams(cfg: TrainConfig) -> dict[str, Any]:
-    flat = {f"model.{k}": v for k, v in to_plain_dict(cfg.model).items() if not isinstance(v, dict)}
+    flat = flatten(to_plain_dict(cfg.model), "model.")
     flat.update({f"training.{k}": v for k, v in to_plain_dict(cfg.training).items() if not isinstance(v, list)})
     return {k: v for k, v in flat.items() if v is not None}
 

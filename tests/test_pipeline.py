@@ -16,8 +16,9 @@ from transformer import pipeline
 from transformer.checkpoint import RunDir
 from transformer.curves import Curve, plot_curves, read_curve
 from transformer.config import ConfigError
-from transformer.data import DataError
+from transformer.data import DataError, read_parallel
 from transformer.inference import load_trained
+from transformer.metrics import corpus_scores
 
 from conftest import REPO, write_toy_corpus
 
@@ -78,6 +79,23 @@ def test_evaluate_scores_and_dumps_attention(trained_run, compose_config, tmp_pa
     pngs = sorted(p.name for p in (tmp_path / "attention").glob("*.png"))
     assert "test0_hyp_cross_layer0.png" in pngs and "test0_ref_alignment.png" in pngs
     assert (tmp_path / "attention" / "test0_hyp.npz").is_file()
+
+
+def test_evaluate_scores_another_split_of_the_corpus(trained_run, compose_config, tmp_path):
+    run_dir, _ = trained_run
+    val_refs = (run_dir.parent / "toy" / "val.tgt").read_text(encoding="utf-8").splitlines()
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", "eval=greedy", f"output_dir={tmp_path}", "split=val"])
+    result = pipeline.evaluate(OmegaConf.to_object(cfg))
+    assert result["test_set"] == "val.src-tgt" and result["n_sentences"] == len(val_refs) == 40
+    by_hand = read_parallel(run_dir.parent / "toy" / "val.src", run_dir.parent / "toy" / "val.tgt")[1]
+    assert corpus_scores((tmp_path / "hypotheses.txt").read_text(encoding="utf-8").splitlines(),
+                         by_hand).bleu == pytest.approx(result["bleu"])
+    with pytest.raises(ConfigError, match="split: give split=... or src_file/ref_file, not both"):
+        OmegaConf.to_object(compose_config("evaluate", [f"run_dir={run_dir}", "split=val", "src_file=a",
+                                                        "ref_file=b", f"output_dir={tmp_path}"]))
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", f"output_dir={tmp_path}", "split=test_2099"])
+    with pytest.raises(DataError, match=r"test_2099\.src\[\.gz\]: file not found"):
+        pipeline.evaluate(OmegaConf.to_object(cfg))
 
 
 def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_config, tmp_path):

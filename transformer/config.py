@@ -372,7 +372,11 @@ class EvaluateConfig:
 
     run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
     checkpoint: Optional[str] = None  # or a checkpoint file
-    src_file: Optional[str] = None  # default: the run's test split
+    # What to score: a split of the run's corpus (default: its data.test_split), e.g. val or, for Multi30k, the
+    # later test sets test_2017_flickr, test_2017_mscoco and test_2018_flickr (fetched and verified on demand);
+    # or a pair of files.
+    split: Optional[str] = None
+    src_file: Optional[str] = None
     ref_file: Optional[str] = None
     # Score only the pairs with more than this many tokens on a side (in the model's own tokens). With the
     # data.max_len a model was trained with, that is the sentences longer than any it saw: its extrapolation.
@@ -387,6 +391,7 @@ class EvaluateConfig:
                "give exactly one of run_dir=... or checkpoint=...")
         _check((self.src_file is None) == (self.ref_file is None), "ref_file",
                "src_file and ref_file go together")
+        _check(self.split is None or self.src_file is None, "split", "give split=... or src_file/ref_file, not both")
         _check(self.longer_than is None or self.longer_than >= 0, "longer_than",
                f"must be >= 0 or null, got {self.longer_than}")
 

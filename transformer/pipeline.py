@@ -258,7 +258,8 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
-    """Score a trained model on its test split (or given files) and dump the requested attention maps."""
+    """Score a trained model on its test split (or another split, or given files) and dump the requested attention
+    maps."""
     device = choose_device(cfg.device)
     trained = load_trained(_resolve_model_path(cfg.run_dir, cfg.checkpoint), device)
     data = trained.config.data
@@ -266,8 +267,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         src, refs = read_parallel(cfg.src_file, cfg.ref_file)
         name = Path(cfg.src_file).name
     else:
-        src, refs = load_split(data, data.test_split)
-        name = f"{data.test_split}.{data.src}-{data.tgt}"
+        split = cfg.split or data.test_split
+        src, refs = load_split(data, split)
+        name = f"{split}.{data.src}-{data.tgt}"
     if cfg.longer_than is not None:
         src, refs = _longer_than(src, refs, trained, cfg.longer_than)
         name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"

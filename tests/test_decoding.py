@@ -1,6 +1,6 @@
 """Decoding: beam search against a scripted decoder with hand-set probabilities, length penalties,
 finished rows leaving the batch, and on a tiny real model: beam 1 == greedy, cached == uncached,
-batched == one at a time, beam search == exhaustive search; ``translate`` keeps line alignment."""
+batched == one at a time, beam search == exhaustive search."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from transformer.config import EvalConfig, LengthNorm, ModelConfig
-from transformer.decoding import Hypothesis, beam_search, greedy_search, length_penalty, max_lengths, translate
+from transformer.config import LengthNorm, ModelConfig
+from transformer.decoding import Hypothesis, beam_search, greedy_search, length_penalty, max_lengths
 from transformer.model import build_model
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, WordTokenizer
+from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 from toy_training import reversal_batch
 
@@ -311,36 +311,6 @@ def test_real_model_wide_beam_equals_exhaustive_search(seed: int) -> None:
                             max_len_a=0.0, max_len_b=3, **SPECIAL)[0]
         assert [h.tokens for h in found] == [tokens for _, tokens in scored[:5]]
         assert [h.score for h in found] == pytest.approx([score for score, _ in scored[:5]], abs=1e-5)
-
-
-# --------------------------------------------------------------------------------------------------
-# translate
-# --------------------------------------------------------------------------------------------------
-
-
-def test_translate_keeps_line_alignment_and_handles_odd_input() -> None:
-    src_tok = WordTokenizer(["<pad>", "<unk>", "<s>", "</s>", *"a b c d e f g h".split()])
-    tgt_tok = WordTokenizer(["<pad>", "<unk>", "<s>", "</s>", *[f"w{i}" for i in range(20)]])
-    model = tiny_model(src_tok.vocab_size, tgt_tok.vocab_size).train()
-    texts = ["a b c", "", "h g f e d c b a a b", "   ", "ünïcödé ☃ a\tb", "e", "a b c d e f g h a b c d"]
-    cfg = EvalConfig(beam_size=3, n_best=2, batch_size=2, max_len_a=1.0, max_len_b=2)
-    truncated = r"1 input line\(s\) longer than 10 source tokens were truncated: line 7 \(12 tokens\)"
-    with pytest.warns(UserWarning, match=truncated):
-        out = translate(model, texts, src_tok, tgt_tok, cfg, "cpu", max_src_len=10)
-    assert model.training, "translate restores the training mode"
-    assert len(out) == len(texts) and all(len(nbest) == 2 for nbest in out)
-    assert out[1] == ["", ""] and out[3] == ["", ""]
-    # each line translated alone (batch of one) gives the same n-best: batching and sorting keep alignment
-    for i in (0, 2, 4, 5):
-        assert translate(model, [texts[i]], src_tok, tgt_tok, cfg, "cpu", max_src_len=10)[0] == out[i]
-    # the output strings are the target tokenizer's decoding of the beam search result
-    src = torch.tensor([src_tok.encode(texts[0])])
-    hyps = beam_search(model.eval(), src, beam_size=3, n_best=2, length_penalty=cfg.length_penalty,
-                       length_norm=cfg.length_norm, max_len_a=1.0, max_len_b=2, max_tgt_len=10, **SPECIAL)[0]
-    assert out[0] == [tgt_tok.decode(h.tokens) for h in hyps]
-    greedy_cfg = EvalConfig(beam_size=1, n_best=1, batch_size=3, max_len_a=1.0, max_len_b=2)
-    greedy = translate(model, texts, src_tok, tgt_tok, greedy_cfg, "cpu", max_src_len=20)
-    assert [len(nbest) for nbest in greedy] == [1] * len(texts) and greedy[1] == [""]
 
 
 # --------------------------------------------------------------------------------------------------

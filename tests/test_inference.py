@@ -1,4 +1,5 @@
-"""Using a trained model: which checkpoint of a run directory is evaluated, and rebuilding it without YAML."""
+"""Using a trained model: which checkpoint of a run directory is evaluated, rebuilding it without YAML, and
+translating lines of text."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import pytest
 import torch
 
 from transformer.checkpoint import RunDir, save_checkpoint
-from transformer.config import ModelConfig, TrainConfig, to_plain_dict
-from transformer.inference import find_checkpoint, load_trained
+from transformer.config import EvalConfig, ModelConfig, TrainConfig, to_plain_dict
+from transformer.decoding import beam_search
+from transformer.inference import find_checkpoint, load_trained, translate
 from transformer.model import build_model
 from transformer.tokenizer import SPECIAL_PIECES, WordTokenizer
+
+from test_decoding import SPECIAL, tiny_model
 
 
 def test_find_checkpoint_prefers_final_then_best_then_last(tmp_path: Path) -> None:
@@ -35,3 +39,28 @@ def test_load_trained_rebuilds_model_and_tokenizers_from_the_checkpoint_alone(tm
     assert trained.src_tok.pieces() == tok.pieces() and not trained.model.training
     for key, value in model.state_dict().items():
         assert torch.equal(trained.model.state_dict()[key], value), key
+
+
+def test_translate_keeps_line_alignment_and_handles_odd_input() -> None:
+    src_tok = WordTokenizer(["<pad>", "<unk>", "<s>", "</s>", *"a b c d e f g h".split()])
+    tgt_tok = WordTokenizer(["<pad>", "<unk>", "<s>", "</s>", *[f"w{i}" for i in range(20)]])
+    model = tiny_model(src_tok.vocab_size, tgt_tok.vocab_size).train()
+    texts = ["a b c", "", "h g f e d c b a a b", "   ", "ünïcödé ☃ a\tb", "e", "a b c d e f g h a b c d"]
+    cfg = EvalConfig(beam_size=3, n_best=2, batch_size=2, max_len_a=1.0, max_len_b=2)
+    truncated = r"1 input line\(s\) longer than 10 source tokens were truncated: line 7 \(12 tokens\)"
+    with pytest.warns(UserWarning, match=truncated):
+        out = translate(model, texts, src_tok, tgt_tok, cfg, "cpu", max_src_len=10)
+    assert model.training, "translate restores the training mode"
+    assert len(out) == len(texts) and all(len(nbest) == 2 for nbest in out)
+    assert out[1] == ["", ""] and out[3] == ["", ""]
+    # each line translated alone (batch of one) gives the same n-best: batching and sorting keep alignment
+    for i in (0, 2, 4, 5):
+        assert translate(model, [texts[i]], src_tok, tgt_tok, cfg, "cpu", max_src_len=10)[0] == out[i]
+    # the output strings are the target tokenizer's decoding of the beam search result
+    src = torch.tensor([src_tok.encode(texts[0])])
+    hyps = beam_search(model.eval(), src, beam_size=3, n_best=2, length_penalty=cfg.length_penalty,
+                       length_norm=cfg.length_norm, max_len_a=1.0, max_len_b=2, max_tgt_len=10, **SPECIAL)[0]
+    assert out[0] == [tgt_tok.decode(h.tokens) for h in hyps]
+    greedy_cfg = EvalConfig(beam_size=1, n_best=1, batch_size=3, max_len_a=1.0, max_len_b=2)
+    greedy = translate(model, texts, src_tok, tgt_tok, greedy_cfg, "cpu", max_src_len=20)
+    assert [len(nbest) for nbest in greedy] == [1] * len(texts) and greedy[1] == [""]

@@ -17,7 +17,7 @@ from torch import nn
 
 from transformer import validation
 from transformer.config import AttentionDumpConfig, EvalConfig, ModelConfig, TrainConfig, TrainingConfig
-from transformer.decoding import translate
+from transformer.inference import translate
 from transformer.model import build_model
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, WordTokenizer
 

@@ -36,9 +36,8 @@ from transformer import pipeline
 from transformer.batching import Prefetcher, TokenBucketSampler
 from transformer.config import BenchmarkConfig, ModelConfig, TrainConfig, to_plain_dict
 from transformer.corpus_files import load_split
-from transformer.decoding import translate
 from transformer.distributed import DistContext
-from transformer.inference import load_trained
+from transformer.inference import load_trained, translate
 from transformer.model import build_model
 from transformer.runtime import choose_device, configure_threads, resolve_training, seed_everything
 from transformer.tracking import Tracker

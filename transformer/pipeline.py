@@ -35,9 +35,9 @@ from transformer.config import (
 )
 from transformer.corpus_files import corpus_paths, load_split
 from transformer.data import TranslationDataset, read_parallel
-from transformer.decoding import translate as translate_texts
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.inference import TrainedModel, find_checkpoint, format_scores, load_trained, score_texts
+from transformer.inference import translate as translate_texts
 from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer

@@ -12,7 +12,7 @@ from torch import nn
 
 from transformer.batching import TokenBucketSampler, collate
 from transformer.config import AttentionDumpConfig, TrainConfig
-from transformer.decoding import translate
+from transformer.inference import translate
 from transformer.metrics import corpus_scores, perplexity
 from transformer.runtime import resolve_training
 from transformer.tokenizer import Tokenizer

@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig
-from transformer.decoding import translate
+from transformer.inference import translate
 from transformer.tokenizer import BOS_PIECE, EOS_PIECE
 
 if TYPE_CHECKING:  # annotations only

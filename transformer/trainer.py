@@ -5,9 +5,7 @@ The trainer receives built collaborators (model, optimizer, dataset, sampler, co
 callback, checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. Each index
 list the sampler yields becomes a batch through ``collate_fn(indices)``.
 
-Loss normalisation: the gradient of one optimizer step is the mean over *all* target tokens of the step,
-i.e. over every micro-batch (``accumulate``) on every rank. The token count is summed before the backward
-passes, so a 2-rank run equals a 1-rank run with ``accumulate=2`` over the same batches.
+One optimizer step (micro-batches, loss normalisation, clipping, DDP) is ``train_step.TrainStep``.
 
 Exact resume: checkpoints are written only between optimizer steps and hold the model, optimizer, step,
 epoch, sampler position (mid-epoch included), per-rank RNG states and early-stopping counters. Resuming
@@ -18,8 +16,8 @@ Host work per step: batches are collated with numpy ahead of the step (on CUDA i
 pinned memory, copied with ``non_blocking``); the step's statistics stay on the device and are read (one
 device-to-host wait, and under DDP one all-reduce) only at a *check*: every step on a CPU, where reading costs
 nothing, and every ``log_every_steps`` steps on a GPU, plus before every validation, checkpoint and stop. A
-non-finite loss or gradient norm never reaches the weights: the fused optimizer skips that update on the device
-(the flag PyTorch's GradScaler uses), and the next check raises ``TrainingDiverged``.
+non-finite loss or gradient norm never reaches the weights (the step skips that update), and the next check
+raises ``TrainingDiverged``.
 
 Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
 position) without validating, so a crash loses at most that interval.
@@ -33,7 +31,6 @@ every rank takes the same early-stopping decision; only rank 0 logs and writes f
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -44,7 +41,6 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from transformer import distributed
 from transformer.batching import Prefetcher
@@ -53,16 +49,9 @@ from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
 from transformer.metrics import perplexity
 from transformer.optim import learning_rate, set_learning_rate
-from transformer.runtime import (
-    autocast,
-    capture_rng_state,
-    compile_for_training,
-    defer_sigint,
-    resolve_training,
-    restore_rng_state,
-    seed_everything,
-)
+from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
 from transformer.tracking import ProgressBar, Tracker
+from transformer.train_step import BatchLike, TrainStep
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +60,6 @@ ValidateFn = Callable[[nn.Module, int], dict[str, float]]
 
 class TrainingDiverged(RuntimeError):
     """The loss or gradient norm became NaN/inf; the last good checkpoint was left untouched."""
-
-
-class BatchLike(Protocol):
-    src: torch.Tensor  # (batch, src_len)
-    tgt_in: torch.Tensor  # (batch, tgt_len)
-    tgt_out: torch.Tensor  # (batch, tgt_len)
-    target_positions: torch.Tensor  # (n_tgt_tokens,) flat indices of real tgt_out positions
-    n_tgt_tokens: int
-
-    def to(self, device: torch.device, non_blocking: bool = False) -> BatchLike: ...
-
-    def pin_memory(self) -> BatchLike: ...
 
 
 class SamplerLike(Protocol):
@@ -179,14 +156,8 @@ class Trainer:
         self.checkpoints = checkpoints
         self.validate = validate
         self.extra_state = extra_state
-        self._ddp = self._wrap_ddp(model) if dist.world_size > 1 else None
-        forward_module = self._ddp if self._ddp is not None else self.model
-        self._forward = compile_for_training(forward_module) if cfg.compile else forward_module
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
-        on_cpu = device.type == "cpu"
-        self._check_every = 1 if on_cpu else cfg.log_every_steps  # steps between device-to-host reads
-        self._loss_chunk = 512 if on_cpu else 8192  # CPU: a chunk's logits stay in cache; GPU: one kernel
-        self._skip_on_device = bool(optimizer.defaults.get("fused"))  # the fused step honours found_inf
+        self._step = TrainStep(self.model, optimizer, cfg, device, dist)
+        self._check_every = 1 if device.type == "cpu" else cfg.log_every_steps  # steps between device-to-host reads
         self._sampler_state = sampler.state_dict()  # as of the last batch trained on (the sampler may run ahead)
         self._last_save = time.monotonic()
         self.step = 0  # optimizer steps completed
@@ -202,10 +173,6 @@ class Trainer:
         self._interrupt_requested = False
         self._in_step = False
         self._started = time.monotonic()
-
-    def _wrap_ddp(self, model: nn.Module) -> DistributedDataParallel:
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -388,58 +355,15 @@ class Trainer:
         return "max_minutes" if check.late else None
 
     def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
-        """One optimizer step over the collated micro-batches ``batches``; ``fit`` calls it, so does the benchmark.
-
-        Returns:
-            The step's statistics on the device, (4,): loss sum and NLL sum (this rank), 1.0 if the loss or the
-            gradient norm is not finite (then the update was skipped), the gradient norm before clipping; and
-            this rank's target token count.
-        """
-        self._in_step = True
-        local_tokens = sum(b.n_tgt_tokens for b in batches)
-        if local_tokens <= 0:
-            raise ValueError(f"step {self.step + 1}: the batches hold no target tokens")
-        tokens: torch.Tensor | float = float(local_tokens)
-        if self.dist.world_size > 1:  # stays on the device: no wait for the sum
-            tokens = distributed.all_reduce_sum(torch.tensor(tokens, device=self.device))
-        scale = self.dist.world_size / tokens  # DDP averages gradients over ranks; undo that, then per token
+        """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``
+        calls it, so does the benchmark); returns ``TrainStep``'s device statistics and token count."""
         lr = learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
                            warmup_steps=self.cfg.warmup_steps, max_steps=self.schedule_steps, min_lr=self.cfg.min_lr)
         set_learning_rate(self.optimizer, lr)
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(2, device=self.device)  # (loss_sum, nll_sum)
-        for i, batch in enumerate(batches):
-            batch = batch.to(self.device, non_blocking=True)
-            last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if self._ddp is None or last else self._ddp.no_sync()
-            with sync:
-                with autocast(self.device, self.cfg.precision):
-                    loss_sum, nll_sum = self._forward(
-                        batch.src, batch.tgt_in, batch.tgt_out, target_positions=batch.target_positions,
-                        label_smoothing=self.cfg.label_smoothing, loss_chunk=self._loss_chunk)
-                (loss_sum * scale).backward()
-            sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
-        grad_norm = self._clip_gradients().float().reshape(())
-        nonfinite = (~(torch.isfinite(sums[0]) & torch.isfinite(grad_norm))).float()
-        self._optimizer_step(nonfinite)
+        self._in_step = True  # stays set if the step raises: fit then saves nothing half-updated
+        stats = self._step(batches)
         self._in_step = False
-        return torch.cat([sums, nonfinite.reshape(1), grad_norm.reshape(1)]), local_tokens
-
-    def _optimizer_step(self, nonfinite: torch.Tensor) -> None:
-        """Apply the update unless ``nonfinite`` (a device scalar) is 1: decided on the device for the fused
-        optimizer (no wait), on the host otherwise."""
-        if self._skip_on_device:
-            self.optimizer.found_inf = nonfinite
-            self.optimizer.step()
-        elif not nonfinite.item():
-            self.optimizer.step()
-
-    def _clip_gradients(self) -> torch.Tensor:
-        """Clip to ``cfg.clip_grad_norm`` (if set); the total norm before clipping either way."""
-        if self.cfg.clip_grad_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(self._params, self.cfg.clip_grad_norm)
-        grads = [p.grad for p in self._params if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+        return stats
 
     def _out_of_time(self) -> bool:
         limit = self.cfg.max_minutes

@@ -1,0 +1,68 @@
+"""TrainStep: the gradient of a step is the mean over all its target tokens, however they are split into
+micro-batches; a non-finite step leaves the weights alone and says so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toy_training import SINGLE, copy_pairs, tiny_model, toy_collate, training_config
+from transformer.optim import build_optimizer
+from transformer.train_step import TrainStep
+
+PAIRS = copy_pairs(12, seed=3)
+
+
+def _batch(indices: list[int]):
+    return toy_collate([PAIRS[i] for i in indices], indices)
+
+
+def _one_step(micro_batches: list[list[int]], clip: float | None = None) -> tuple[dict, torch.Tensor, int]:
+    """The gradients of one step of a fresh model (dropout off) over ``micro_batches`` (index lists), with the
+    step's statistics and token count. (Gradients, not updated weights: Adam's first update is about
+    lr * sign(gradient), which turns rounding noise in near-zero gradients into full-size differences.)"""
+    model = tiny_model(seed=0, dropout=0.0)
+    cfg = training_config(clip_grad_norm=clip, label_smoothing=0.1)
+    step = TrainStep(model, build_optimizer(model, cfg), cfg, torch.device("cpu"), SINGLE)
+    stats, tokens = step([_batch(indices) for indices in micro_batches])
+    return {name: p.grad.clone() for name, p in model.named_parameters()}, stats, tokens
+
+
+def test_micro_batches_give_the_update_of_one_batch_holding_them_all():
+    """Split 1+11 (uneven on purpose: a per-batch mean would weight the first sentence 11 times more)."""
+    together, stats_together, tokens_together = _one_step([list(range(12))], clip=None)
+    split, stats_split, tokens_split = _one_step([[0], list(range(1, 12))], clip=None)
+    assert tokens_split == tokens_together == sum(len(t) + 1 for _, t in PAIRS)  # + EOS
+    torch.testing.assert_close(stats_split[:2], stats_together[:2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stats_split[3], stats_together[3], rtol=1e-5, atol=1e-6)  # gradient norm
+    for name in together:
+        torch.testing.assert_close(split[name], together[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_the_returned_norm_is_the_norm_before_clipping():
+    unclipped = _one_step([list(range(12))], clip=None)[1][3]
+    clipped = _one_step([list(range(12))], clip=1e-3)[1][3]
+    assert unclipped > 1e-3
+    torch.testing.assert_close(clipped, unclipped)
+
+
+def test_a_non_finite_loss_skips_the_update_and_is_flagged():
+    model = tiny_model(seed=0, dropout=0.0)
+    cfg = training_config()
+    step = TrainStep(model, build_optimizer(model, cfg), cfg, torch.device("cpu"), SINGLE)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.encoder.embed.register_forward_hook(lambda module, args, out: out * float("nan"))
+    stats, _ = step([_batch(list(range(12)))])
+    assert stats[2].item() == 1.0
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_a_step_without_target_tokens_is_refused():
+    model = tiny_model(seed=0)
+    cfg = training_config()
+    step = TrainStep(model, build_optimizer(model, cfg), cfg, torch.device("cpu"), SINGLE)
+    batch = _batch([0])
+    batch.n_tgt_tokens = 0
+    with pytest.raises(ValueError, match="no target tokens"):
+        step([batch])

@@ -1,0 +1,108 @@
+"""One optimizer step: micro-batches, loss normalisation, autocast, clipping, and the skip of a bad update.
+
+Loss normalisation: the gradient of one optimizer step is the mean over *all* target tokens of the step,
+i.e. over every micro-batch (``accumulate``) on every rank. The token count is summed before the backward
+passes, so a 2-rank run equals a 1-rank run with ``accumulate=2`` over the same batches.
+
+No device-to-host wait: the step's statistics stay on the device (the trainer reads them only at its
+checks), and a non-finite loss or gradient norm never reaches the weights: the fused optimizer skips that
+update on the device (the flag PyTorch's GradScaler uses); an unfused one is asked on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from transformer import distributed
+from transformer.config import TrainingConfig
+from transformer.distributed import DistContext
+from transformer.runtime import autocast, compile_for_training
+
+
+class BatchLike(Protocol):
+    src: torch.Tensor  # (batch, src_len)
+    tgt_in: torch.Tensor  # (batch, tgt_len)
+    tgt_out: torch.Tensor  # (batch, tgt_len)
+    target_positions: torch.Tensor  # (n_tgt_tokens,) flat indices of real tgt_out positions
+    n_tgt_tokens: int
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> BatchLike: ...
+
+    def pin_memory(self) -> BatchLike: ...
+
+
+class TrainStep:
+    """Forward and backward over a step's micro-batches, then clip and update; DDP-wrapped when
+    ``dist.world_size > 1`` and compiled when ``cfg.compile``. ``cfg`` must be resolved for ``device``
+    (``runtime.resolve_training``)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainingConfig,
+                 device: torch.device, dist: DistContext) -> None:
+        self.optimizer = optimizer
+        self.cfg = cfg
+        self.device = device
+        self.dist = dist
+        self.ddp = self._wrap_ddp(model) if dist.world_size > 1 else None
+        forward_module = self.ddp if self.ddp is not None else model
+        self._forward = compile_for_training(forward_module) if cfg.compile else forward_module
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._loss_chunk = 512 if device.type == "cpu" else 8192  # CPU: a chunk's logits stay in cache; GPU: one kernel
+        self._skip_on_device = bool(optimizer.defaults.get("fused"))  # the fused step honours found_inf
+
+    def _wrap_ddp(self, model: nn.Module) -> DistributedDataParallel:
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def __call__(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
+        """One optimizer step over the collated micro-batches ``batches`` at the optimizer's current rate.
+
+        Returns:
+            The step's statistics on the device, (4,): loss sum and NLL sum (this rank), 1.0 if the loss or the
+            gradient norm is not finite (then the update was skipped), the gradient norm before clipping; and
+            this rank's target token count.
+        """
+        local_tokens = sum(b.n_tgt_tokens for b in batches)
+        if local_tokens <= 0:
+            raise ValueError("the step's batches hold no target tokens")
+        tokens: torch.Tensor | float = float(local_tokens)
+        if self.dist.world_size > 1:  # stays on the device: no wait for the sum
+            tokens = distributed.all_reduce_sum(torch.tensor(tokens, device=self.device))
+        scale = self.dist.world_size / tokens  # DDP averages gradients over ranks; undo that, then per token
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(2, device=self.device)  # (loss_sum, nll_sum)
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device, non_blocking=True)
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync()
+            with sync:
+                with autocast(self.device, self.cfg.precision):
+                    loss_sum, nll_sum = self._forward(
+                        batch.src, batch.tgt_in, batch.tgt_out, target_positions=batch.target_positions,
+                        label_smoothing=self.cfg.label_smoothing, loss_chunk=self._loss_chunk)
+                (loss_sum * scale).backward()
+            sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
+        grad_norm = self._clip_gradients().float().reshape(())
+        nonfinite = (~(torch.isfinite(sums[0]) & torch.isfinite(grad_norm))).float()
+        self._optimizer_step(nonfinite)
+        return torch.cat([sums, nonfinite.reshape(1), grad_norm.reshape(1)]), local_tokens
+
+    def _optimizer_step(self, nonfinite: torch.Tensor) -> None:
+        """Apply the update unless ``nonfinite`` (a device scalar) is 1: decided on the device for the fused
+        optimizer (no wait), on the host otherwise."""
+        if self._skip_on_device:
+            self.optimizer.found_inf = nonfinite
+            self.optimizer.step()
+        elif not nonfinite.item():
+            self.optimizer.step()
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Clip to ``cfg.clip_grad_norm`` (if set); the total norm before clipping either way."""
+        if self.cfg.clip_grad_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(self._params, self.cfg.clip_grad_norm)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)

@@ -144,9 +144,9 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         for _ in range(cfg.train_steps):
             step_batches = next(batches)
             trainer.train_step(step_batches)
-            for batch in step_batches:
-                src_lens = train_set.src_lengths[batch.indices].astype(np.float64)
-                tgt_lens = train_set.tgt_lengths[batch.indices].astype(np.float64) + 1  # + EOS (out) / BOS (in)
+            for batch in step_batches:  # lengths from the batch itself (with BPE-dropout, not the cached ones)
+                src_lens = batch.src.ne(src_tok.pad_id).sum(1).numpy().astype(np.float64)
+                tgt_lens = batch.tgt_out.ne(tgt_tok.pad_id).sum(1).numpy().astype(np.float64)  # EOS included
                 src_tokens, tgt_tokens = src_tokens + src_lens.sum(), tgt_tokens + tgt_lens.sum()
                 padded += batch.src.numel() + batch.tgt_out.numel()
                 flops += training_flops(cfg.model, src_lens, tgt_lens, tgt_tok.vocab_size).sum()

@@ -307,7 +307,7 @@ def save_model(weights: dict[str, torch.Tensor], like: dict, path: str | Path, s
 RESUME_MUST_MATCH = (
     "model", "data.corpus", "data.dir", "data.src", "data.tgt", "data.train_split", "data.max_pairs",
     "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
-    "training.accumulate", "training.pad_to_multiple",
+    "training.accumulate", "training.pad_to_multiple", "training.bpe_dropout",
 )
 # Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
 RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")

@@ -255,6 +255,7 @@ class TrainingConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    bpe_dropout: float = 0.0  # > 0: each epoch segments the training pairs anew, dropping BPE merges at this rate
     clip_grad_norm: Optional[float] = 1.0
     precision: Precision = Precision.auto
     compile: bool = False
@@ -295,6 +296,7 @@ class TrainingConfig:
                f"must be two numbers in [0, 1), got {list(self.betas)}")
         _check(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
                f"must be in [0, 1), got {self.label_smoothing}")
+        _check(0.0 <= self.bpe_dropout < 1.0, "training.bpe_dropout", f"must be in [0, 1), got {self.bpe_dropout}")
         _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "training.clip_grad_norm",
                f"must be > 0 or null, got {self.clip_grad_norm}")
         _check(self.patience is None or self.patience > 0, "training.patience", f"must be > 0 or null, got {self.patience}")
@@ -364,6 +366,12 @@ class TrainConfig:
         if self.model.share_embeddings:
             _check(self.data.tokenizer.joint, "model.share_embeddings",
                    "needs one joint vocabulary (data.tokenizer.joint=true)")
+        if self.training.bpe_dropout > 0:
+            tokenizer = self.data.tokenizer
+            _check(tokenizer.kind is TokenizerKind.sentencepiece and tokenizer.model_type is SentencePieceModel.bpe,
+                   "training.bpe_dropout", "needs SentencePiece BPE tokenizers (data.tokenizer.kind=sentencepiece, "
+                   f"data.tokenizer.model_type=bpe); this run has {tokenizer.kind.value}"
+                   + (f" ({tokenizer.model_type.value})" if tokenizer.kind is TokenizerKind.sentencepiece else ""))
 
 
 @dataclass

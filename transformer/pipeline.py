@@ -21,7 +21,7 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer import corpus_cache, glove
-from transformer.batching import TokenBucketSampler, collate_arrays
+from transformer.batching import Batch, TokenBucketSampler, collate_arrays
 from transformer.config import (
     ConfigError,
     EvaluateConfig,
@@ -48,6 +48,7 @@ from transformer.runtime import (
     seed_everything,
     set_deterministic,
 )
+from transformer.subword_sampling import ResegmentedCorpus, ResegmentingSampler
 from transformer.tokenizer import Tokenizer, tokenizer_from_state
 from transformer.tracking import Tracker
 from transformer.trainer import Trainer
@@ -196,16 +197,31 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
 def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,
                   train_set: TranslationDataset, dist: DistContext, tracker: Tracker, run_dir: Path,
                   validate: Callable[[torch.nn.Module, int], dict[str, float]]) -> Trainer:
-    """The trainer with its sampler (this rank's shard), collate function, optimizer and checkpoints."""
+    """The trainer with its sampler (this rank's shard), collate function, optimizer and checkpoints; with
+    ``training.bpe_dropout``, the sampler re-segments the pairs every epoch and collation reads its epoch's."""
     multiple = cfg.training.pad_to_multiple
-    sampler = TokenBucketSampler(train_set.src_lengths, train_set.tgt_lengths, cfg.training.max_tokens,
-                                 seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size,
-                                 pad_to_multiple=multiple)
+
+    def bucket_sampler(pairs: TranslationDataset) -> TokenBucketSampler:
+        return TokenBucketSampler(pairs.src_lengths, pairs.tgt_lengths, cfg.training.max_tokens,
+                                  seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size,
+                                  pad_to_multiple=multiple)
+
+    sampler: TokenBucketSampler | ResegmentingSampler
+    if cfg.training.bpe_dropout > 0:
+        corpus = ResegmentedCorpus(train_set, src_tok, tgt_tok, cfg.training.bpe_dropout,  # type: ignore[arg-type]
+                                   seed=cfg.training.seed, max_len=cfg.data.max_len)
+        sampler = ResegmentingSampler(corpus, bucket_sampler)
+    else:
+        sampler = bucket_sampler(train_set)
     specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_to_multiple=multiple)
+
+    def collate_fn(indices: list[int]) -> Batch:
+        pairs = sampler.dataset if isinstance(sampler, ResegmentingSampler) else train_set
+        return collate_arrays(pairs, indices, **specials)
+
     return Trainer(
         model, build_optimizer(model, cfg.training), cfg.training,
-        dataset=train_set, sampler=sampler,
-        collate_fn=lambda indices: collate_arrays(train_set, indices, **specials),
+        dataset=train_set, sampler=sampler, collate_fn=collate_fn,
         pad_id=tgt_tok.pad_id, device=dist.device, dist=dist, tracker=tracker,
         checkpoints=ckpt.CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
         validate=validate, extra_state=_extra_state(cfg, src_tok, tgt_tok),

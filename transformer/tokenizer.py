@@ -101,6 +101,14 @@ class SentencePieceTokenizer(_SpecialIds):
         """``encode`` for many texts at once, in ``num_threads`` C++ threads (one call instead of one per text)."""
         return self._sp.encode(texts, out_type=int, num_threads=num_threads)
 
+    def encode_sampled(self, texts: list[str], alpha: float, seed: int) -> list[list[int]]:
+        """A random segmentation of each text, the same for the same ``seed``: BPE-dropout with drop rate
+        ``alpha`` for a BPE model (Provilkov et al. 2020), subword sampling with smoothing ``alpha`` for a
+        unigram one (Kudo 2018). SentencePiece's generator is process-wide: it is reseeded here and the texts
+        are encoded in this one thread, which is what makes the result a function of ``seed``."""
+        spm.set_random_generator_seed(seed)
+        return self._sp.encode(texts, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.decode([int(i) for i in ids if int(i) not in _SKIPPED_IDS])
 

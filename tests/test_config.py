@@ -101,10 +101,23 @@ def test_bad_choice_lists_valid_values(compose_config):
     ("eval.n_best=9", "eval.n_best"),
     ("data.tgt=en", "data.src"),
     ("model.max_relative_distance=0", "model.max_relative_distance"),
+    ("training.validate_every_steps=0", "training.validate_every_steps"),
+    ("training.valid_max_sentences=0", "training.valid_max_sentences"),
+    ("training.threads=0", "training.threads"),
+    ("training.n_samples=-1", "training.n_samples"),
+    ("training.bpe_dropout=1.0", "training.bpe_dropout"),
+    ("model.max_positions=100", "model.max_positions"),  # data.max_len is 128
 ])
 def test_bad_value_names_the_key(compose_config, override, key):
     with pytest.raises(ConfigError, match=f"^{key}:"):
         OmegaConf.to_object(compose_config("train", [override, *RUN]))
+
+
+def test_max_positions_must_hold_the_longest_padded_batch(compose_config):
+    fits = OmegaConf.to_object(compose_config("train", ["data.max_len=127", "model.max_positions=128", *RUN]))
+    assert fits.model.max_positions == 128
+    with pytest.raises(ConfigError, match=r"batches can be 136 positions long \(data.max_len=128, \+ 1 .*multiple of 8"):
+        OmegaConf.to_object(compose_config("train", ["data.max_len=128", "model.max_positions=128", *RUN]))
 
 
 def test_indivisible_heads_require_d_head():

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer import pipeline
-from transformer.checkpoint import RunDir
+from transformer.checkpoint import CheckpointError, RunDir
 from transformer.curves import Curve, plot_curves, read_curve
 from transformer.config import ConfigError
 from transformer.data import DataError, read_parallel
@@ -122,6 +122,51 @@ def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
     lines = out.stdout.split("\n")[:-1]
     assert len(lines) == 5 and lines[1] == ""
     assert lines[0].split() == ["a", "b", "c"]
+
+
+def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained_run, tmp_path):
+    """Only newlines end lines (a form feed or U+2028 inside one does not), CRLF counts once, and bad UTF-8 or an
+    output path that cannot be written is refused, by key and line, before any translating."""
+    run_dir, _ = trained_run
+    source = tmp_path / "in.txt"
+    source.write_bytes("a b\u2028c\r\nd\x0ce\n\nf g\n".encode("utf-8"))
+    out = tmp_path / "out.txt"
+
+    def translate(*overrides: str):
+        return compose_config("translate", [f"run_dir={run_dir}", "eval=greedy", "device=cpu", *overrides])
+
+    pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}")))
+    lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == 4 and lines[2] == ""
+
+    source.write_bytes(b"a b\nc \xff d\n")
+    with pytest.raises(ConfigError, match=rf"^input: {source}:2 is not valid UTF-8"):
+        pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}")))
+    with pytest.raises(ConfigError, match=r"^output: the directory .*nowhere does not exist"):
+        pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / 'nowhere' / 'o'}")))
+
+
+def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(compose_config, toy_corpus, tmp_path):
+    _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1")
+    run = RunDir(tmp_path / "run")
+    before = {path.name: path.read_bytes() for path in run.checkpoints.glob("*.pt")}
+    with pytest.raises(ConfigError, match=rf"^output_dir: {run.root} already holds a run's checkpoints.*resume="):
+        _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=2")
+    assert {path.name: path.read_bytes() for path in run.checkpoints.glob("*.pt")} == before
+
+
+def test_resuming_from_final_weights_says_which_file_to_use(compose_config, toy_corpus, tmp_path):
+    _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1")
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(CheckpointError, match=rf"final.pt: holds model weights only .*resume from {run.last}"):
+        _train(compose_config, toy_corpus, tmp_path / "other", "training.max_steps=2", f"resume={run.final}")
+
+
+def test_a_missing_test_split_stops_the_run_before_training(compose_config, toy_corpus, tmp_path):
+    (toy_corpus / "test.tgt").unlink()
+    with pytest.raises(DataError, match="test.tgt"):
+        _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1")
+    assert not RunDir(tmp_path / "run").checkpoints.exists()
 
 
 def test_prepared_data_is_what_training_reads(compose_config, toy_corpus, tmp_path, caplog):

@@ -300,6 +300,10 @@ class TrainingConfig:
         _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "training.clip_grad_norm",
                f"must be > 0 or null, got {self.clip_grad_norm}")
         _check(self.patience is None or self.patience > 0, "training.patience", f"must be > 0 or null, got {self.patience}")
+        for key in ("validate_every_steps", "valid_max_sentences", "threads"):
+            value = getattr(self, key)
+            _check(value is None or value > 0, f"training.{key}", f"must be > 0 or null, got {value}")
+        _check(self.n_samples >= 0, "training.n_samples", f"must be >= 0, got {self.n_samples}")
         _check(self.log_every_steps > 0, "training.log_every_steps", f"must be > 0, got {self.log_every_steps}")
         _check(self.keep_last >= 1, "training.keep_last", f"must be >= 1, got {self.keep_last}")
         _check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
@@ -366,6 +370,12 @@ class TrainConfig:
         if self.model.share_embeddings:
             _check(self.data.tokenizer.joint, "model.share_embeddings",
                    "needs one joint vocabulary (data.tokenizer.joint=true)")
+        multiple = self.training.pad_to_multiple or 8  # unset: 8 on a GPU, the larger default
+        longest = -(-(self.data.max_len + 1) // multiple) * multiple  # BOS or EOS added, rounded up to the multiple
+        _check(longest <= self.model.max_positions, "model.max_positions",
+               f"is {self.model.max_positions}, but training batches can be {longest} positions long "
+               f"(data.max_len={self.data.max_len}, + 1 for BOS/EOS, padded to a multiple of {multiple}); raise "
+               "model.max_positions or lower data.max_len")
         if self.training.bpe_dropout > 0:
             tokenizer = self.data.tokenizer
             _check(tokenizer.kind is TokenizerKind.sentencepiece and tokenizer.model_type is SentencePieceModel.bpe,

@@ -270,7 +270,9 @@ def check_dimension(glove: GloveConfig, d_model: int) -> None:
     if dim != d_model:
         raise ConfigError(
             f"model.glove.path: {glove.path} holds {dim}-dimensional vectors but model.d_model={d_model}; "
-            f"use a model whose d_model is {dim} (e.g. model=glove{dim}) or vectors of size {d_model}"
+            f"use a model whose d_model is {dim} ("
+            + (f"model=glove{dim}, or " if dim in (50, 300) else "")  # the configs/model files that exist
+            + f"model.d_model={dim}) or vectors of size {d_model}"
         )
 
 

@@ -116,6 +116,10 @@ def _start_run(cfg: TrainConfig) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
     glove.check_dimension(cfg.model.glove, cfg.model.d_model)
     if cfg.resume is None:
         resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
+        if run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):
+            raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
+                              f"overwrite; continue it with resume={run.root}, or train into another directory "
+                              "(output_dir=... or hydra.run.dir=...)")
     else:
         resumed, run = ckpt.load_for_resume(cfg.resume, to_plain_dict(cfg))
     run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
@@ -168,6 +172,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     src_tok, tgt_tok, train_set = build_training_data(cfg, run.root, dist,
                                                       resumed["tokenizers"] if resumed else None)
     valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
+    load_split(cfg.data, cfg.data.test_split)  # a missing or broken test split stops the run now, not after training
 
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
@@ -317,6 +322,8 @@ def _longer_than(src: list[str], refs: list[str], trained: TrainedModel, n_token
 def translate(cfg: TranslateConfig) -> None:
     """Translate lines from a file or stdin; one output line per input line (n-best joined by tabs)."""
     device = choose_device(cfg.device)
+    if cfg.output is not None:
+        _check_output_file(cfg.output)  # before the work, not after it
     trained = load_trained(_resolve_model_path(cfg.run_dir, cfg.checkpoint), device)
     lines = _read_input(cfg.input)
     nbest = translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
@@ -329,14 +336,35 @@ def translate(cfg: TranslateConfig) -> None:
         Path(cfg.output).write_text(text, encoding="utf-8")
 
 
+def _check_output_file(path: str) -> None:
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"output: {path} is a directory; give a file name")
+    if not target.parent.is_dir():
+        raise ConfigError(f"output: the directory {target.parent} does not exist; create it or choose another file")
+
+
 def _read_input(path: str | None) -> list[str]:
-    if path is None:
-        return sys.stdin.read().splitlines()
+    """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
+    in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline."""
+    name = "stdin" if path is None else path
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        line = Path(path).read_bytes()[: error.start].count(b"\n") + 1
-        raise ConfigError(f"input: {path}:{line} is not valid UTF-8 ({error.reason})") from None
+        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ConfigError(f"input: {path} is a directory; give a text file with one sentence per line") from None
+    except FileNotFoundError:
+        raise ConfigError(f"input: {path} not found") from None
+    rows = data.split(b"\n")
+    if rows[-1] == b"":
+        rows.pop()  # the newline that ends the last line
+    lines = []
+    for number, row in enumerate(rows, start=1):
+        try:
+            lines.append(row.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"input: {name}:{number} is not valid UTF-8 ({error.reason} at byte {error.start})") \
+                from None
+    return lines
 
 
 def average(paths: list[str], out: str) -> None:

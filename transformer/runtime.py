@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from transformer.config import EvalConfig, Precision, TrainingConfig
+from transformer.config import ConfigError, EvalConfig, Precision, TrainingConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,12 @@ def choose_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ValueError(f"device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from exc
+        raise ConfigError(f"device: {name!r} is not a device; use auto, cpu, cuda or cuda:N") from exc
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device={name!r} but CUDA is not available on this machine; use device=cpu or auto")
+            raise ConfigError(f"device: {name!r} but CUDA is not available on this machine; use device=cpu or auto")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device={name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+            raise ConfigError(f"device: {name!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
     return device
 
 
@@ -140,7 +140,7 @@ def configure_threads(n: int | None) -> None:
     if n is None:
         return
     if n < 1:
-        raise ValueError(f"training.threads must be >= 1, got {n}")
+        raise ConfigError(f"training.threads: must be >= 1, got {n}")
     torch.set_num_threads(n)
 
 

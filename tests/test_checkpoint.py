@@ -34,6 +34,7 @@ def _state(value: float, step: int = 0) -> dict:
     return {
         "model": {"w": torch.full((2, 2), value), "b": torch.tensor([value]), "count": torch.tensor([step])},
         "step": step,
+        "optimizer": {"state": {}, "param_groups": []},
         "sampler": {"epoch": 1, "position": 3},
         "rng": [{"python": (3, tuple(range(5)), None), "torch": torch.get_rng_state(), "cuda": []}],
         "config": {"training": {"lr": 1e-3, "betas": [0.9, 0.98], "schedule": "inverse_sqrt"}},

@@ -16,7 +16,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from torch import nn
 
 from transformer import validation
-from transformer.config import AttentionDumpConfig, EvalConfig, ModelConfig, TrainConfig, TrainingConfig
+from transformer.config import AttentionDumpConfig, DataConfig, EvalConfig, ModelConfig, TrainConfig, TrainingConfig
 from transformer.inference import translate
 from transformer.model import build_model
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, WordTokenizer
@@ -54,6 +54,7 @@ def _texts(n: int, seed: int, words: list[str]) -> list[str]:
 
 def _config() -> TrainConfig:
     return TrainConfig(
+        data=DataConfig(max_len=50),  # the longest batch must fit max_positions
         model=ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
                           max_positions=64, share_embeddings=False),
         training=TrainingConfig(max_tokens=40, valid_max_sentences=N_BLEU, n_samples=2),

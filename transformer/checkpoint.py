@@ -369,11 +369,9 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
     state = load_checkpoint(path, map_location="cpu")
     if "config" not in state:
         raise CheckpointError(f"{path}: holds no resolved config, so it cannot be checked for a resume")
-    missing = sorted(TRAINER_KEYS - {"version", "reason"} - set(state))
-    if missing:
-        raise CheckpointError(f"{path}: holds model weights only (no optimizer, sampler or step: {missing}), as "
-                              f"final.pt and averaged checkpoints do; resume from {run.last} or the run directory "
-                              f"{run.root}")
+    if "optimizer" not in state:
+        raise CheckpointError(f"{path}: holds model weights only (no optimizer state), as final.pt and averaged "
+                              f"checkpoints do; resume from {run.last} or the run directory {run.root}")
     check_resume_config(state["config"], config, path)
     return state, run
 

@@ -116,6 +116,27 @@ def test_early_stopping_after_patience_validations_without_gain(tmp_path):
     assert best["step"] == 2 and best["bad_validations"] == 0
     assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["bad_validations"] == 2
 
+    resumed = make_trainer(tmp_path, cfg, PAIRS, validate=lambda model, step: pytest.fail("validated again"))
+    resumed.load_state(load_checkpoint(tmp_path / "checkpoints" / "last.pt"))
+    again = resumed.fit()  # a run that stopped early stays stopped: no step, no validation
+    assert (again.reason, again.steps, again.best_bleu) == ("early_stopping", 4, 12.0)
+    assert again.last_metrics == result.last_metrics
+
+
+def test_resuming_a_finished_run_keeps_its_metrics_and_time(tmp_path):
+    cfg = training_config(max_epochs=2)
+    result = make_trainer(tmp_path, cfg, PAIRS).fit()
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert state["last_metrics"] == result.last_metrics and "bleu" in state["last_metrics"]
+    assert 0.0 < state["train_seconds"] <= result.train_seconds
+
+    resumed = make_trainer(tmp_path, cfg, PAIRS)
+    resumed.load_state(state)
+    again = resumed.fit()
+    assert (again.reason, again.steps, again.epochs) == ("max_epochs", result.steps, 2)
+    assert again.last_metrics == result.last_metrics  # not emptied by a fit call that had nothing to train
+    assert again.train_seconds >= state["train_seconds"] > again.wall_seconds
+
 
 def test_epoch_validation_and_final_validation(tmp_path):
     seen = []
@@ -143,6 +164,17 @@ def test_max_minutes_stops(tmp_path):
     cfg = training_config(max_minutes=1e-9, max_epochs=5)
     result = make_trainer(tmp_path, cfg, PAIRS).fit()
     assert (result.reason, result.steps) == ("max_minutes", 1)
+
+
+def test_max_minutes_counts_the_time_before_a_resume(tmp_path):
+    first = make_trainer(tmp_path, training_config(max_steps=3), PAIRS)
+    first.fit()
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    budget = state["train_seconds"] / 60.0  # the whole budget is already spent
+    resumed = make_trainer(tmp_path, training_config(max_steps=10, max_minutes=budget), PAIRS)
+    resumed.load_state(state)
+    result = resumed.fit()
+    assert (result.reason, result.steps) == ("max_minutes", 3)
 
 
 @pytest.mark.parametrize("accumulate", [1, 3])

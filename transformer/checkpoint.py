@@ -9,6 +9,8 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
     sampler          the batch sampler's state dict (epoch, position) for exact mid-epoch resume
     rng              list with one capture_rng_state() dict per rank
     best_bleu, best_step, bad_validations, last_valid_step   early-stopping bookkeeping
+    last_metrics     the latest validation's metrics (optional: older checkpoints lack it)
+    train_seconds    seconds spent in ``Trainer.fit`` up to this checkpoint, resumed runs summed (optional)
     reason           why it was written ("validation", "interrupt", "final", ...)
 
 plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every
@@ -40,7 +42,7 @@ from transformer.config import ConfigError, ModelConfig, flatten, to_plain_dict
 CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
     "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
-    "bad_validations", "last_valid_step", "reason",
+    "bad_validations", "last_valid_step", "last_metrics", "train_seconds", "reason",
 })
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")

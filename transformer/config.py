@@ -241,7 +241,7 @@ class TrainingConfig:
     seed: int = 1234
     max_epochs: int = 19  # about 55 minutes for the small model on Multi30k on a 2-core CPU, validation included
     max_steps: Optional[int] = None
-    max_minutes: Optional[float] = None
+    max_minutes: Optional[float] = None  # training time of the whole run: a resumed run counts its earlier time
     # Batch layout; None picks the device's default (runtime.resolve_training), 4096 positions per step either
     # way: 2 x 2048 on a CPU (faster there than 1 x 4096), 1 x 4096 on a GPU (one launch sequence per step).
     max_tokens: Optional[int] = None  # padded source+target positions per batch, per process; None: 2048 / 4096

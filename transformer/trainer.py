@@ -81,7 +81,8 @@ class TrainResult:
     stopped_early: bool
     reason: str  # max_epochs | max_steps | max_minutes | early_stopping
     wall_seconds: float  # this fit call only
-    last_metrics: dict[str, float] = field(default_factory=dict)
+    train_seconds: float = 0.0  # all fit calls of the run, resumed ones summed (the figure to report)
+    last_metrics: dict[str, float] = field(default_factory=dict)  # the latest validation's
 
 
 @dataclass
@@ -173,6 +174,7 @@ class Trainer:
         self._interrupt_requested = False
         self._in_step = False
         self._started = time.monotonic()
+        self._seconds_before = 0.0  # spent in earlier fit calls of this run (from the resumed checkpoint)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -207,11 +209,13 @@ class Trainer:
             "best_step": self.best_step,
             "bad_validations": self.bad_validations,
             "last_valid_step": self.last_valid_step,
+            "last_metrics": dict(self.last_metrics),
+            "train_seconds": self.train_seconds,
         }
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
         """Continue from a checkpoint dict (every rank loads the same one). RNGs are restored when ``fit`` starts."""
-        missing = sorted(TRAINER_KEYS - {"version", "reason"} - set(checkpoint))
+        missing = sorted(TRAINER_KEYS - {"version", "reason", "last_metrics", "train_seconds"} - set(checkpoint))
         if missing:
             raise KeyError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
         self.model.load_state_dict(checkpoint["model"])
@@ -225,6 +229,8 @@ class Trainer:
         self.best_step = checkpoint["best_step"]
         self.bad_validations = int(checkpoint["bad_validations"])
         self.last_valid_step = checkpoint["last_valid_step"]
+        self.last_metrics = dict(checkpoint.get("last_metrics", {}))
+        self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
         rng = checkpoint["rng"]
         if len(rng) == self.dist.world_size:
             self._pending_rng, self._start_seed = rng[self.dist.rank], None
@@ -273,15 +279,28 @@ class Trainer:
             if self.last_valid_step != self.step:
                 self._validate_and_save(final=True)
         self.tracker.flush()
+        if self.dist.is_main:
+            log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call",
+                     reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0)
         return TrainResult(
             steps=self.step, epochs=self.epoch, best_bleu=self.best_bleu, best_step=self.best_step,
             stopped_early=reason == "early_stopping", reason=reason,
-            wall_seconds=time.monotonic() - self._started, last_metrics=dict(self.last_metrics),
+            wall_seconds=time.monotonic() - self._started, train_seconds=self.train_seconds,
+            last_metrics=dict(self.last_metrics),
         )
+
+    @property
+    def train_seconds(self) -> float:
+        """Seconds spent training this run so far, earlier (resumed) fit calls included."""
+        return self._seconds_before + time.monotonic() - self._started
 
     def _run(self) -> str:
         """Epochs and steps; returns why training stopped."""
         cfg = self.cfg
+        if cfg.patience is not None and self.bad_validations >= cfg.patience:
+            return "early_stopping"  # a resumed run that had already stopped early
+        if self.cfg.max_minutes is not None and self._seconds_before >= self.cfg.max_minutes * 60.0:
+            return "max_minutes"  # a resumed run that had already used its time
         while self.epoch < cfg.max_epochs:
             if not self._sampler_positioned:
                 self.sampler.set_epoch(self.epoch)
@@ -367,7 +386,7 @@ class Trainer:
 
     def _out_of_time(self) -> bool:
         limit = self.cfg.max_minutes
-        return limit is not None and time.monotonic() - self._started >= limit * 60.0
+        return limit is not None and self.train_seconds >= limit * 60.0
 
     def _save_due_by_time(self) -> bool:
         minutes = self.cfg.save_every_minutes

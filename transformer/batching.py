@@ -90,12 +90,25 @@ def _gather_padded(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, 
     return out, placed
 
 
+def static_rows(max_tokens: int, src_len: int, tgt_len: int) -> int:
+    """Rows of a fixed-shape batch with padded lengths ``src_len`` and ``tgt_len``: as many as ``max_tokens``
+    positions hold (at least one). A packed batch never has more (its cost is within the budget, or it is
+    one pair), so padding every batch to this many rows leaves one shape per pair of padded lengths."""
+    return max(1, max_tokens // (src_len + tgt_len))
+
+
 def collate_arrays(data: PairArrays, indices: Sequence[int], *, pad_id: int, bos_id: int, eos_id: int,
-                   pad_to_multiple: int = 1) -> Batch:
+                   pad_to_multiple: int = 1, fill_to_tokens: int | None = None) -> Batch:
     """Pad the pairs ``indices`` of flat id arrays into a ``Batch``, vectorised (no loop over sentences).
 
+    With ``fill_to_tokens``, filler rows follow the pairs up to ``static_rows(fill_to_tokens, src_len, tgt_len)``
+    rows, so the batch's shape is a function of its padded lengths (for CUDA graphs). A filler row has one real
+    source token (EOS; a row with none would leave attention nothing to attend to), BOS as decoder input and
+    only padding as target: it adds nothing to the loss, ``target_positions`` or the token counts, and
+    ``indices`` lists the real pairs only.
+
     Returns:
-        src (batch, src_len) with src_len = round_up(max(1, longest source)); tgt_in/tgt_out (batch, tgt_len)
+        src (rows, src_len) with src_len = round_up(max(1, longest source)); tgt_in/tgt_out (rows, tgt_len)
         with tgt_len = round_up(longest target + 1).
     """
     if len(indices) == 0:
@@ -111,6 +124,17 @@ def collate_arrays(data: PairArrays, indices: Sequence[int], *, pad_id: int, bos
     tgt_in[:, 0] = bos_id
     tgt_out[np.arange(len(rows)), tgt_lens] = eos_id
     positions = np.flatnonzero(np.arange(tgt_len)[None, :] <= tgt_lens[:, None])  # real cells of tgt_out
+    if fill_to_tokens is not None:
+        fillers = static_rows(fill_to_tokens, src_len, tgt_len) - len(rows)
+        if fillers < 0:
+            raise ValueError(f"{len(rows)} pairs padded to lengths ({src_len}, {tgt_len}) exceed the "
+                             f"{fill_to_tokens}-position budget they are filled to")
+        filler_src = np.full((fillers, src_len), pad_id, dtype=np.int64)
+        filler_src[:, 0] = eos_id
+        filler_tgt_in = np.full((fillers, tgt_len), pad_id, dtype=np.int64)
+        filler_tgt_in[:, 0] = bos_id
+        src, tgt_in = np.concatenate([src, filler_src]), np.concatenate([tgt_in, filler_tgt_in])
+        tgt_out = np.concatenate([tgt_out, np.full((fillers, tgt_len), pad_id, dtype=np.int64)])
     return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
                  torch.from_numpy(positions), rows.tolist(), int(src_lens.sum()), int(tgt_lens.sum()) + len(rows))
 

@@ -136,8 +136,8 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         for _ in range(cfg.untimed_steps):
             trainer.train_step(next(batches))
         _sync(device)
-        log.info("%d untimed steps (warm-up%s): %.1f s", cfg.untimed_steps,
-                 ", compilation" if cfg.training.compile else "", time.perf_counter() - start)
+        extra = ", compilation" if cfg.training.compile else ", CUDA graph recording" if cfg.training.cuda_graphs else ""
+        log.info("%d untimed steps (warm-up%s): %.1f s", cfg.untimed_steps, extra, time.perf_counter() - start)
         src_tokens = tgt_tokens = flops = 0.0
         padded = 0
         start = time.perf_counter()
@@ -152,6 +152,9 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
                 flops += training_flops(cfg.model, src_lens, tgt_lens, tgt_tok.vocab_size).sum()
         _sync(device)
         seconds = time.perf_counter() - start
+        if trainer.graphs is not None:
+            log.info("CUDA graphs: %d batch shapes recorded (a shape first seen in a timed step counts in its time)",
+                     trainer.graphs.n_shapes)
         if cfg.profile_steps:
             profile_steps(trainer, batches, cfg.profile_steps, device, Path(cfg.output_dir) / "profile.txt")
     finally:

@@ -259,6 +259,9 @@ class TrainingConfig:
     clip_grad_norm: Optional[float] = 1.0
     precision: Precision = Precision.auto
     compile: bool = False
+    # CUDA only: replay the whole step (forward, backward, clipping, AdamW) from one recorded CUDA graph per batch
+    # shape, batches filled to a fixed shape per padded length (transformer/cuda_graphs.py); one process, accumulate 1
+    cuda_graphs: bool = False
     threads: Optional[int] = None  # torch intra-op threads on CPU (None: torch's default)
     deterministic: bool = False
     patience: Optional[int] = 8  # validations without a BLEU gain before stopping (None: never)

@@ -67,7 +67,7 @@ def label_smoothed_sums(logits: Tensor, target: Tensor, *, smoothing: float, pad
 
 def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
                                   smoothing: float, pad_id: int, chunk_size: int = 512,
-                                  positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                                  positions: Tensor | None = None, dense: bool = False) -> tuple[Tensor, Tensor]:
     """:func:`label_smoothed_sums` of ``F.linear(hidden, weight, bias)``, without materialising the logits.
 
     The output projection and the loss run ``chunk_size`` real target positions at a time; padding positions
@@ -86,6 +86,8 @@ def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor |
             when a chunk's logits stay in its caches).
         positions: (n,) flat indices into (batch * tgt_len) of the real target positions, as ``collate`` makes
             them; given, the padding is dropped by an index (no device-to-host wait), else by ``pad_id``.
+        dense: project every position and weight the padding by 0 instead of dropping it: more work, but
+            every shape depends on the batch's shape alone, as a CUDA graph needs (``positions`` is ignored).
 
     Returns:
         ``(loss_sum, nll_sum)`` as float32 (float64 for float64 inputs) scalars; only ``loss_sum`` carries a
@@ -98,11 +100,15 @@ def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor |
             f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} disagree; "
             "expected (batch, tgt_len, d_model) and (batch, tgt_len)"
         )
+    if dense:
+        target = target.flatten()  # (batch * tgt_len,)
+        return _ProjectedLabelSmoothedLoss.apply(hidden.flatten(0, 1), weight, bias, target, smoothing, chunk_size,
+                                                 target.ne(pad_id))
     if positions is None:
         positions = target.flatten().ne(pad_id).nonzero().squeeze(1)  # (n,); waits for the device
     hidden = hidden.flatten(0, 1).index_select(0, positions)  # (n, d_model)
     target = target.flatten().index_select(0, positions)  # (n,)
-    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, target, smoothing, chunk_size)
+    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, target, smoothing, chunk_size, None)
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
@@ -110,11 +116,12 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
 
     Per position, with p = softmax(logits) and q the smoothed target of the module docstring,
     d loss / d logits = p - q; so d loss / d hidden = (p - q) W and d loss / d W = (p - q)ᵀ hidden.
+    With ``keep`` (n,) bool, positions where it is False add nothing to the sums or the gradients.
     """
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, smoothing: float,
-                chunk_size: int) -> tuple[Tensor, Tensor]:
+                chunk_size: int, keep: Tensor | None) -> tuple[Tensor, Tensor]:
         vocab = weight.size(0)
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -129,13 +136,18 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             h, gold = hidden[start:start + chunk_size], target[start:start + chunk_size].unsqueeze(-1)  # (n, ·)
             logits = F.linear(h, weight, bias).to(dtype)  # (n, vocab)
             log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n, 1)
-            nll_sum += (log_z - logits.gather(-1, gold)).sum()
-            uniform_sum += (log_z.squeeze(-1) - logits.mean(dim=-1)).sum()  # -mean_k log p(k), summed
+            nll = (log_z - logits.gather(-1, gold)).squeeze(-1)  # (n,)
+            uniform = log_z.squeeze(-1) - logits.mean(dim=-1)  # (n,): -mean_k log p(k)
+            weights = None if keep is None else keep[start:start + chunk_size].to(dtype)  # (n,)
+            nll_sum += nll.sum() if weights is None else (nll * weights).sum()
+            uniform_sum += uniform.sum() if weights is None else (uniform * weights).sum()
             if not (need_hidden or need_weight or need_bias):
                 continue
             grad_logits = logits.sub_(log_z).exp_()  # p, in place of the logits
             grad_logits -= smoothing / vocab
             grad_logits.scatter_add_(-1, gold, grad_logits.new_full(gold.shape, smoothing - 1.0))  # p - q
+            if weights is not None:
+                grad_logits *= weights.unsqueeze(-1)
             grad_logits = grad_logits.to(h.dtype)
             if need_hidden:
                 grad_hidden[start:start + chunk_size] = grad_logits @ weight
@@ -151,4 +163,4 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         grads = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
-        return *grads, None, None, None
+        return *grads, None, None, None, None

@@ -208,7 +208,7 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None, *,
                 target_positions: Tensor | None = None, label_smoothing: float = 0.0,
-                loss_chunk: int = 512) -> Tensor | tuple[Tensor, Tensor]:
+                loss_chunk: int = 512, dense_loss: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """The training path.
 
         ``tgt_in`` must be right-padded (as ``collate`` makes it): decoder self-attention is plainly causal,
@@ -222,6 +222,8 @@ class Transformer(nn.Module):
                 without them the padding is found by ``pad_id``, which waits for the device).
             label_smoothing: eps of the label-smoothed loss.
             loss_chunk: positions per chunk of the fused projection + loss.
+            dense_loss: project every position, padding weighted by 0 (``target_positions`` unused): shapes that
+                depend only on the batch's shape, for a CUDA graph.
 
         Returns:
             logits (batch, tgt_len, tgt_vocab) without ``tgt_out``; with it ``(loss_sum, nll_sum)``, float32
@@ -233,7 +235,8 @@ class Transformer(nn.Module):
         if tgt_out is None:
             return self.project(hidden)
         return projected_label_smoothed_sums(hidden, *self.output_layer(), tgt_out, smoothing=label_smoothing,
-                                             pad_id=self.pad_id, chunk_size=loss_chunk, positions=target_positions)
+                                             pad_id=self.pad_id, chunk_size=loss_chunk, positions=target_positions,
+                                             dense=dense_loss)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """src (batch, src_len) ids -> :class:`EncoderOutput` (memory, padding mask, optional weights)."""

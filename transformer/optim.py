@@ -89,6 +89,20 @@ def build_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimi
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, value: float) -> None:
-    """Set the same learning rate on every parameter group."""
+    """Set the same learning rate on every parameter group (in place where it is a tensor: see
+    :func:`set_capturable`)."""
     for group in optimizer.param_groups:
-        group["lr"] = value
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
+
+
+def set_capturable(optimizer: torch.optim.Optimizer, device: torch.device | None) -> None:
+    """Ready AdamW for steps recorded in a CUDA graph on ``device``: ``capturable``, and the learning rate a
+    tensor there that the graph reads and :func:`set_learning_rate` fills; or, with ``None``, for eager steps
+    (a float rate). Call it again after ``load_state_dict``, which restores the saved run's settings."""
+    for group in optimizer.param_groups:
+        lr = float(group["lr"])
+        group["capturable"] = device is not None
+        group["lr"] = lr if device is None else torch.tensor(lr, device=device)

@@ -218,7 +218,8 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
         sampler = ResegmentingSampler(corpus, bucket_sampler)
     else:
         sampler = bucket_sampler(train_set)
-    specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_to_multiple=multiple)
+    specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_to_multiple=multiple,
+                    fill_to_tokens=cfg.training.max_tokens if cfg.training.cuda_graphs else None)
 
     def collate_fn(indices: list[int]) -> Batch:
         pairs = sampler.dataset if isinstance(sampler, ResegmentingSampler) else train_set

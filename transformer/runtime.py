@@ -77,9 +77,12 @@ def resolve_training(cfg: TrainingConfig, device: torch.device) -> TrainingConfi
     A GPU takes one 4096-position batch per step, padded to multiples of 8 (tensor-core friendly, few distinct
     shapes), since its cost per step is mostly launching kernels; a CPU takes two 2048-position batches (their
     activations stay in cache) padded to nothing. Runs record the resolved values, so resuming on another kind
-    of device is refused by key instead of silently changing the batches.
+    of device is refused by key instead of silently changing the batches. ``cuda_graphs`` on another device
+    is refused here, before any work.
     """
     gpu = device.type == "cuda"
+    if cfg.cuda_graphs and not gpu:
+        raise ConfigError(f"training.cuda_graphs: needs a CUDA device; this run is on {device}")
     return replace(
         cfg,
         max_tokens=cfg.max_tokens if cfg.max_tokens is not None else (4096 if gpu else 2048),

@@ -7,6 +7,10 @@ passes, so a 2-rank run equals a 1-rank run with ``accumulate=2`` over the same 
 No device-to-host wait: the step's statistics stay on the device (the trainer reads them only at its
 checks), and a non-finite loss or gradient norm never reaches the weights: the fused optimizer skips that
 update on the device (the flag PyTorch's GradScaler uses); an unfused one is asked on the host.
+
+With ``training.cuda_graphs`` the same update runs as one recorded CUDA graph per batch shape
+(:mod:`transformer.cuda_graphs`): batches come filled to a fixed shape per padded length, and the loss is
+computed densely over every position with the padding weighted by zero.
 """
 
 from __future__ import annotations
@@ -19,9 +23,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from transformer import distributed
-from transformer.config import TrainingConfig
+from transformer.config import ConfigError, TrainingConfig
+from transformer.cuda_graphs import StepGraphs
 from transformer.distributed import DistContext
+from transformer.optim import set_capturable
 from transformer.runtime import autocast, compile_for_training
+
+# A micro-batch on the device: src, tgt_in, tgt_out, and the real target positions (None: dense loss)
+_DeviceBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
 
 
 class BatchLike(Protocol):
@@ -38,11 +47,12 @@ class BatchLike(Protocol):
 
 class TrainStep:
     """Forward and backward over a step's micro-batches, then clip and update; DDP-wrapped when
-    ``dist.world_size > 1`` and compiled when ``cfg.compile``. ``cfg`` must be resolved for ``device``
-    (``runtime.resolve_training``)."""
+    ``dist.world_size > 1``, compiled when ``cfg.compile``, replayed from CUDA graphs when ``cfg.cuda_graphs``.
+    ``cfg`` must be resolved for ``device`` (``runtime.resolve_training``). ``record_graphs=False`` runs the
+    CUDA-graph path eagerly (fixed-shape buffers, dense loss, warm-up), on any device: for tests."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: TrainingConfig,
-                 device: torch.device, dist: DistContext) -> None:
+                 device: torch.device, dist: DistContext, *, record_graphs: bool = True) -> None:
         self.optimizer = optimizer
         self.cfg = cfg
         self.device = device
@@ -53,6 +63,30 @@ class TrainStep:
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._loss_chunk = 512 if device.type == "cpu" else 8192  # CPU: a chunk's logits stay in cache; GPU: one kernel
         self._skip_on_device = bool(optimizer.defaults.get("fused"))  # the fused step honours found_inf
+        self.graphs: StepGraphs | None = None
+        if cfg.cuda_graphs:
+            self._check_graphable()
+            self.graphs = StepGraphs(self._graph_body, device, record=record_graphs)
+            if record_graphs:
+                set_capturable(optimizer, device)
+
+    def _check_graphable(self) -> None:
+        problems = {
+            "training.accumulate": (self.cfg.accumulate != 1, f"must be 1, got {self.cfg.accumulate}"),
+            "training.compile": (self.cfg.compile, "replaces the graphs; set one of the two"),
+            "dist.world_size": (self.dist.world_size > 1, "DDP's gradient hooks are not recorded: one process only"),
+            "optimizer": (not self._skip_on_device, "must be the fused AdamW, which skips a bad update on the device"),
+        }
+        for key, (bad, why) in problems.items():
+            if bad:
+                raise ConfigError(f"training.cuda_graphs: {key} {why}")
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """``optimizer.load_state_dict`` (a checkpoint keeps the saved run's learning-rate form), then the form
+        this step needs."""
+        self.optimizer.load_state_dict(state)
+        record = self.graphs is not None and self.graphs.record
+        set_capturable(self.optimizer, self.device if record else None)
 
     def _wrap_ddp(self, model: nn.Module) -> DistributedDataParallel:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -73,23 +107,40 @@ class TrainStep:
         if self.dist.world_size > 1:  # stays on the device: no wait for the sum
             tokens = distributed.all_reduce_sum(torch.tensor(tokens, device=self.device))
         scale = self.dist.world_size / tokens  # DDP averages gradients over ranks; undo that, then per token
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.graphs is not None:
+            (batch,) = batches
+            return self.graphs(batch.src, batch.tgt_in, batch.tgt_out, float(scale)), local_tokens
+        on_device = [batch.to(self.device, non_blocking=True) for batch in batches]
+        return self._update([(b.src, b.tgt_in, b.tgt_out, b.target_positions) for b in on_device], scale), local_tokens
+
+    def _graph_body(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, scale: torch.Tensor,
+                    skip_update: bool) -> torch.Tensor:
+        """The update as :class:`StepGraphs` records it: fixed-shape inputs, the dense loss."""
+        return self._update([(src, tgt_in, tgt_out, None)], scale, skip_update=skip_update)
+
+    def _update(self, batches: list[_DeviceBatch], scale: torch.Tensor | float,
+                skip_update: bool = False) -> torch.Tensor:
+        """Gradients of the step's micro-batches, clipping and the optimizer step; the statistics (4,).
+
+        ``skip_update`` computes everything but leaves weights and optimizer state as they are (the warm-up
+        before a CUDA graph is recorded).
+        """
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)  # the graphs reuse one set of gradients
         sums = torch.zeros(2, device=self.device)  # (loss_sum, nll_sum)
-        for i, batch in enumerate(batches):
-            batch = batch.to(self.device, non_blocking=True)
+        for i, (src, tgt_in, tgt_out, positions) in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync()
             with sync:
                 with autocast(self.device, self.cfg.precision):
                     loss_sum, nll_sum = self._forward(
-                        batch.src, batch.tgt_in, batch.tgt_out, target_positions=batch.target_positions,
+                        src, tgt_in, tgt_out, target_positions=positions, dense_loss=positions is None,
                         label_smoothing=self.cfg.label_smoothing, loss_chunk=self._loss_chunk)
                 (loss_sum * scale).backward()
             sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
         grad_norm = self._clip_gradients().float().reshape(())
         nonfinite = (~(torch.isfinite(sums[0]) & torch.isfinite(grad_norm))).float()
-        self._optimizer_step(nonfinite)
-        return torch.cat([sums, nonfinite.reshape(1), grad_norm.reshape(1)]), local_tokens
+        self._optimizer_step(torch.ones_like(nonfinite) if skip_update else nonfinite)
+        return torch.cat([sums, nonfinite.reshape(1), grad_norm.reshape(1)])
 
     def _optimizer_step(self, nonfinite: torch.Tensor) -> None:
         """Apply the update unless ``nonfinite`` (a device scalar) is 1: decided on the device for the fused

@@ -44,6 +44,7 @@ from torch import nn
 
 from transformer import distributed
 from transformer.batching import Prefetcher
+from transformer.cuda_graphs import StepGraphs
 from transformer.checkpoint import TRAINER_KEYS, CheckpointManager, check_plain
 from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
@@ -177,6 +178,11 @@ class Trainer:
         self._seconds_before = 0.0  # spent in earlier fit calls of this run (from the resumed checkpoint)
 
     @property
+    def graphs(self) -> StepGraphs | None:
+        """The step's CUDA graphs (``training.cuda_graphs``), else None."""
+        return self._step.graphs
+
+    @property
     def steps_per_epoch(self) -> int:
         """Optimizer steps in one epoch (``accumulate`` batches each; the last step may take fewer)."""
         return math.ceil(len(self.sampler) / self.cfg.accumulate)
@@ -219,7 +225,7 @@ class Trainer:
         if missing:
             raise KeyError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
         self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self._step.load_optimizer_state(checkpoint["optimizer"])
         self.step = int(checkpoint["step"])
         self.epoch = int(checkpoint["epoch"])
         self.sampler.load_state_dict(checkpoint["sampler"])
@@ -280,8 +286,9 @@ class Trainer:
                 self._validate_and_save(final=True)
         self.tracker.flush()
         if self.dist.is_main:
-            log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call",
-                     reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0)
+            log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call%s",
+                     reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0,
+                     f"; CUDA graphs for {self.graphs.n_shapes} batch shapes" if self.graphs is not None else "")
         return TrainResult(
             steps=self.step, epochs=self.epoch, best_bleu=self.best_bleu, best_step=self.best_step,
             stopped_early=reason == "early_stopping", reason=reason,

@@ -136,3 +136,13 @@ def test_a_graph_runs_tensor_learning_rate_loads_as_a_float_for_eager_steps():
     assert all(type(g["lr"]) is float and g["capturable"] is False for g in eager.optimizer.param_groups)
     _train(eager, [_collate([2, 3])])  # a capturable CPU optimizer would refuse to step
     assert np.isclose(eager.optimizer.param_groups[0]["lr"], 1e-3)
+
+
+def test_the_optimizer_state_must_come_before_the_first_graph():
+    step = _step(graphs=True)
+    state = step.optimizer.state_dict()
+    _train(step, [_collate([0, 1])])
+    with pytest.raises(RuntimeError, match="before the first step"):
+        step.load_optimizer_state(state)
+    step.graphs.release()
+    step.load_optimizer_state(state)  # nothing recorded reads the old rate any more

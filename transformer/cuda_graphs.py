@@ -22,6 +22,7 @@ had not happened, and a replay advances it as an eager step would.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class StepGraphs:
         self.record = record
         self._shapes: dict[tuple[tuple[int, ...], ...], _Recorded] = {}
         self._pool = torch.cuda.graph_pool_handle() if record else None
+        self._capture_stream = torch.cuda.Stream(device) if record else None  # one for all: they share the pool
 
     @property
     def n_shapes(self) -> int:
@@ -70,15 +72,24 @@ class StepGraphs:
         tensor that the next call may overwrite (graphs share their memory)."""
         key = (tuple(src.shape), tuple(tgt_in.shape))
         recorded = self._shapes.get(key)
-        if recorded is None:
-            recorded = self._shapes[key] = self._prepare(src, tgt_in, tgt_out)
-        for buffer, value in zip(recorded.inputs[:3], (src, tgt_in, tgt_out)):
-            buffer.copy_(value, non_blocking=True)
-        recorded.inputs[3].fill_(scale)
-        if recorded.graph is None:
-            return self._body(*recorded.inputs, False)
-        recorded.graph.replay()
+        with _on(self.device):  # a graph records the current device's streams: make it the run's device
+            if recorded is None:
+                recorded = self._shapes[key] = self._prepare(src, tgt_in, tgt_out)
+            for buffer, value in zip(recorded.inputs[:3], (src, tgt_in, tgt_out)):
+                buffer.copy_(value, non_blocking=True)
+            recorded.inputs[3].fill_(scale)
+            if recorded.graph is None:
+                return self._body(*recorded.inputs, False)
+            recorded.graph.replay()
         return recorded.stats
+
+    def release(self) -> None:
+        """Drop the graphs and give their memory pool back (after training: validation and decoding need it);
+        a later call records again."""
+        self._shapes.clear()
+        if self.record:
+            self._pool = torch.cuda.graph_pool_handle()
+            torch.cuda.empty_cache()
 
     def _prepare(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> _Recorded:
         """Input buffers for a new shape (holding this batch), the warm-up, and the recording."""
@@ -98,18 +109,22 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the batch prefetcher keeps pinning host memory in its thread meanwhile, which the default
         # ("global") mode would count as an unsafe call during the capture
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream, capture_error_mode="thread_local"):
             stats = self._body(*inputs, False)
-        log.debug("recorded a CUDA graph of the training step for batch shape src %s, tgt %s (%d shapes so far)",
-                 tuple(src.shape), tuple(tgt_in.shape), len(self._shapes) + 1)
+        log.debug("recorded a CUDA graph of the training step for batch shape src %s, tgt %s (%d shapes so far; "
+                  "%.0f MiB reserved)", tuple(src.shape), tuple(tgt_in.shape), len(self._shapes) + 1,
+                  torch.cuda.memory_reserved(self.device) / 2**20)
         return _Recorded(inputs, graph, stats)
-
 
     def _warm_up(self, inputs: tuple[Tensor, ...]) -> None:
         with warnings.catch_warnings():  # AdamW warns once that a capturable optimizer steps outside a graph
             warnings.filterwarnings("ignore", message=".*capturable=True.*")
             for _ in range(WARMUP_STEPS):
                 self._body(*inputs, True)
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _rng_state(device: torch.device) -> Tensor:

@@ -84,6 +84,8 @@ class TrainStep:
     def load_optimizer_state(self, state: dict) -> None:
         """``optimizer.load_state_dict`` (a checkpoint keeps the saved run's learning-rate form), then the form
         this step needs."""
+        if self.graphs is not None and self.graphs.n_shapes:
+            raise RuntimeError("load the optimizer state before the first step: recorded graphs read the old rate")
         self.optimizer.load_state_dict(state)
         record = self.graphs is not None and self.graphs.record
         set_capturable(self.optimizer, self.device if record else None)
@@ -148,6 +150,7 @@ class TrainStep:
         if self._skip_on_device:
             self.optimizer.found_inf = nonfinite
             self.optimizer.step()
+            self.optimizer.found_inf = None  # no later step may read this one's flag (in a graph's memory, say)
         elif not nonfinite.item():
             self.optimizer.step()
 

@@ -285,10 +285,13 @@ class Trainer:
             if self.last_valid_step != self.step:
                 self._validate_and_save(final=True)
         self.tracker.flush()
+        graphs = ""
+        if self.graphs is not None:
+            graphs = f"; CUDA graphs recorded for {self.graphs.n_shapes} batch shapes"
+            self.graphs.release()  # their memory pool, for the final validation and test decoding
         if self.dist.is_main:
             log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call%s",
-                     reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0,
-                     f"; CUDA graphs for {self.graphs.n_shapes} batch shapes" if self.graphs is not None else "")
+                     reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0, graphs)
         return TrainResult(
             steps=self.step, epochs=self.epoch, best_bleu=self.best_bleu, best_step=self.best_step,
             stopped_early=reason == "early_stopping", reason=reason,

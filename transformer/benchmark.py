@@ -136,8 +136,9 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         for _ in range(cfg.untimed_steps):
             trainer.train_step(next(batches))
         _sync(device)
-        extra = ", compilation" if cfg.training.compile else ", CUDA graph recording" if cfg.training.cuda_graphs else ""
-        log.info("%d untimed steps (warm-up%s): %.1f s", cfg.untimed_steps, extra, time.perf_counter() - start)
+        extra = {"compile": ", compilation", "cuda_graphs": ", CUDA graph recording"}
+        done = "".join(text for key, text in extra.items() if getattr(cfg.training, key))
+        log.info("%d untimed steps (warm-up%s): %.1f s", cfg.untimed_steps, done, time.perf_counter() - start)
         src_tokens = tgt_tokens = flops = 0.0
         padded = 0
         start = time.perf_counter()

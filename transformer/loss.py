@@ -135,15 +135,19 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         for start in ([0] if n <= chunk_size else range(0, n, chunk_size)):
             h, gold = hidden[start:start + chunk_size], target[start:start + chunk_size].unsqueeze(-1)  # (n, ·)
             logits = F.linear(h, weight, bias).to(dtype)  # (n, vocab)
-            log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (n, 1)
-            nll = (log_z - logits.gather(-1, gold)).squeeze(-1)  # (n,)
-            uniform = log_z.squeeze(-1) - logits.mean(dim=-1)  # (n,): -mean_k log p(k)
+            gold_logit, mean_logit = logits.gather(-1, gold).squeeze(-1), logits.mean(dim=-1)  # (n,), (n,)
+            # softmax with a single exp pass over the logits, in place: e = exp(logits - max), Z = max + log(sum e)
+            peak = logits.amax(dim=-1, keepdim=True)  # (n, 1)
+            exp = logits.sub_(peak).exp_()  # (n, vocab); the logits are gone from here on
+            total = exp.sum(dim=-1, keepdim=True)  # (n, 1)
+            log_z = (peak + total.log()).squeeze(-1)  # (n,)
+            nll, uniform = log_z - gold_logit, log_z - mean_logit  # (n,): -log p(gold), -mean_k log p(k)
             weights = None if keep is None else keep[start:start + chunk_size].to(dtype)  # (n,)
             nll_sum += nll.sum() if weights is None else (nll * weights).sum()
             uniform_sum += uniform.sum() if weights is None else (uniform * weights).sum()
             if not (need_hidden or need_weight or need_bias):
                 continue
-            grad_logits = logits.sub_(log_z).exp_()  # p, in place of the logits
+            grad_logits = exp.div_(total)  # p
             grad_logits -= smoothing / vocab
             grad_logits.scatter_add_(-1, gold, grad_logits.new_full(gold.shape, smoothing - 1.0))  # p - q
             if weights is not None:

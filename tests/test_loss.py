@@ -112,3 +112,49 @@ def test_fused_projection_loss_without_bias_or_gradients():
     with torch.no_grad():
         fused = projected_label_smoothed_sums(hidden, weight, None, target, smoothing=0.1, pad_id=PAD)
     torch.testing.assert_close(fused, reference)
+
+
+def _r_drop_reference(hidden, weight, bias, target, smoothing, alpha):
+    """R-Drop written plainly with autograd: rows b and 2 + b of a (4, ...) batch are the two passes of pair b."""
+    log_p = F.log_softmax(F.linear(hidden, weight, bias), dim=-1)  # (4, tgt_len, vocab)
+    keep = target[:2].ne(PAD)
+    a, b, gold = log_p[:2], log_p[2:], target[:2].unsqueeze(-1)
+
+    def cross_entropy(log_q):
+        return -(1 - smoothing) * log_q.gather(-1, gold).squeeze(-1) - smoothing * log_q.mean(-1)
+
+    kl = (a.exp() * (a - b)).sum(-1) + (b.exp() * (b - a)).sum(-1)  # KL12 + KL21
+    loss = 0.5 * (cross_entropy(a) + cross_entropy(b)) + 0.5 * alpha * kl
+    nll = -0.5 * (a.gather(-1, gold) + b.gather(-1, gold)).squeeze(-1)
+    return loss[keep].sum(), nll[keep].sum()
+
+
+@pytest.mark.parametrize("dense, chunk_size", [(False, 3), (False, 64), (True, 5)])
+def test_r_drop_loss_equals_its_plain_autograd_form_in_value_and_gradient(dense, chunk_size):
+    hidden, weight, bias, target = _projection_problem(torch.float64)
+    target = torch.cat([target[:2], target[:2]])  # rows 2, 3 repeat rows 0, 1 (other hidden states: other dropout)
+    expected = _r_drop_reference(hidden, weight, bias, target, smoothing=0.1, alpha=3.0)
+    expected_grads = torch.autograd.grad(expected[0], (hidden, weight, bias))
+    positions = None if dense else target.flatten().ne(PAD).nonzero().squeeze(1)
+    if positions is not None:  # the model's order: every real position of the first pass, then of the second
+        first = positions[positions < target[:2].numel()]
+        positions = torch.cat([first, first + target[:2].numel()])
+    got = projected_label_smoothed_sums(hidden, weight, bias, target, smoothing=0.1, pad_id=PAD, dense=dense,
+                                        positions=positions, chunk_size=chunk_size, consistency=3.0)
+    got_grads = torch.autograd.grad(got[0], (hidden, weight, bias))
+    for g, e in zip((*got, *got_grads), (*expected, *expected_grads)):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+    assert expected[0] > _r_drop_reference(hidden, weight, bias, target, smoothing=0.1, alpha=0.0)[0]  # KL > 0
+
+
+def test_r_drop_of_identical_passes_is_the_plain_loss():
+    """Without dropout both passes agree: the KL term and its gradient vanish."""
+    hidden, weight, bias, target = _projection_problem(torch.float64)
+    plain = projected_label_smoothed_sums(hidden, weight, bias, target, smoothing=0.1, pad_id=PAD)
+    plain_grads = torch.autograd.grad(plain[0], (hidden, weight, bias))
+    twice = projected_label_smoothed_sums(torch.cat([hidden, hidden]), weight, bias, torch.cat([target, target]),
+                                          smoothing=0.1, pad_id=PAD, dense=True, consistency=5.0)
+    twice_grads = torch.autograd.grad(twice[0], (hidden, weight, bias))
+    torch.testing.assert_close(twice, plain, rtol=1e-12, atol=1e-12)
+    for g, e in zip(twice_grads, plain_grads):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)

@@ -317,7 +317,7 @@ RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")
 RESUME_WARN = (
     "training.lr", "training.warmup_steps", "training.schedule", "training.min_lr", "training.betas",
     "training.eps", "training.weight_decay", "training.label_smoothing", "training.clip_grad_norm",
-    "training.precision",
+    "training.precision", "training.r_drop",
 )
 
 

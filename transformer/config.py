@@ -255,6 +255,9 @@ class TrainingConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    # R-Drop (Liang et al., 2021): > 0 runs each batch twice with independent dropout and adds this weight times
+    # the two predictions' symmetric KL divergence per token to the loss; twice the compute per step
+    r_drop: float = 0.0
     bpe_dropout: float = 0.0  # > 0: each epoch segments the training pairs anew, dropping BPE merges at this rate
     clip_grad_norm: Optional[float] = 1.0
     precision: Precision = Precision.auto
@@ -299,6 +302,7 @@ class TrainingConfig:
                f"must be two numbers in [0, 1), got {list(self.betas)}")
         _check(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
                f"must be in [0, 1), got {self.label_smoothing}")
+        _check(self.r_drop >= 0.0, "training.r_drop", f"must be >= 0, got {self.r_drop}")
         _check(0.0 <= self.bpe_dropout < 1.0, "training.bpe_dropout", f"must be in [0, 1), got {self.bpe_dropout}")
         _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "training.clip_grad_norm",
                f"must be > 0 or null, got {self.clip_grad_norm}")

@@ -67,7 +67,8 @@ def label_smoothed_sums(logits: Tensor, target: Tensor, *, smoothing: float, pad
 
 def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
                                   smoothing: float, pad_id: int, chunk_size: int = 512,
-                                  positions: Tensor | None = None, dense: bool = False) -> tuple[Tensor, Tensor]:
+                                  positions: Tensor | None = None, dense: bool = False,
+                                  consistency: float = 0.0) -> tuple[Tensor, Tensor]:
     """:func:`label_smoothed_sums` of ``F.linear(hidden, weight, bias)``, without materialising the logits.
 
     The output projection and the loss run ``chunk_size`` real target positions at a time; padding positions
@@ -88,6 +89,9 @@ def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor |
             them; given, the padding is dropped by an index (no device-to-host wait), else by ``pad_id``.
         dense: project every position and weight the padding by 0 instead of dropping it: more work, but
             every shape depends on the batch's shape alone, as a CUDA graph needs (``positions`` is ignored).
+        consistency: > 0 for R-Drop: the batch's second half repeats its first (same targets, other dropout),
+            and the loss is the mean of the two halves' losses plus ``consistency`` times the mean of the two
+            KL divergences between their predictions, per position (:class:`_ProjectedRDropLoss`).
 
     Returns:
         ``(loss_sum, nll_sum)`` as float32 (float64 for float64 inputs) scalars; only ``loss_sum`` carries a
@@ -100,15 +104,18 @@ def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor |
             f"hidden {tuple(hidden.shape)} and target {tuple(target.shape)} disagree; "
             "expected (batch, tgt_len, d_model) and (batch, tgt_len)"
         )
+    keep = None
     if dense:
-        target = target.flatten()  # (batch * tgt_len,)
-        return _ProjectedLabelSmoothedLoss.apply(hidden.flatten(0, 1), weight, bias, target, smoothing, chunk_size,
-                                                 target.ne(pad_id))
-    if positions is None:
-        positions = target.flatten().ne(pad_id).nonzero().squeeze(1)  # (n,); waits for the device
-    hidden = hidden.flatten(0, 1).index_select(0, positions)  # (n, d_model)
-    target = target.flatten().index_select(0, positions)  # (n,)
-    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, target, smoothing, chunk_size, None)
+        hidden, target = hidden.flatten(0, 1), target.flatten()  # (batch * tgt_len, ·)
+        keep = target.ne(pad_id)
+    else:
+        if positions is None:
+            positions = target.flatten().ne(pad_id).nonzero().squeeze(1)  # (n,); waits for the device
+        hidden = hidden.flatten(0, 1).index_select(0, positions)  # (n, d_model)
+        target = target.flatten().index_select(0, positions)  # (n,)
+    if consistency > 0:
+        return _ProjectedRDropLoss.apply(hidden, weight, bias, target, smoothing, chunk_size, keep, consistency)
+    return _ProjectedLabelSmoothedLoss.apply(hidden, weight, bias, target, smoothing, chunk_size, keep)
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
@@ -168,3 +175,74 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
         grads = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
         return *grads, None, None, None, None
+
+
+class _ProjectedRDropLoss(torch.autograd.Function):
+    """R-Drop (Liang et al., 2021) on top of the projection + label-smoothed loss; gradients made in the forward.
+
+    The (2m, d_model) states are two passes over the same m positions: rows i and m + i share a target (the
+    caller's promise: checking it would wait for the device). With
+    z1, z2 their logits, a = log p1, b = log p2, KL12 = sum p1 (a - b), KL21 = sum p2 (b - a) and q the
+    smoothed target, the loss per position is
+
+        L = (ce1 + ce2) / 2 + alpha * (KL12 + KL21) / 2
+
+    and, with softmax's Jacobian, dKL12/dz1 = p1 * (a - b - KL12), dKL12/dz2 = p2 - p1 (KL21 alike):
+
+        dL/dz1 = (p1 - q) / 2 + alpha / 2 * (p1 * (a - b - KL12) + p1 - p2)
+        dL/dz2 = (p2 - q) / 2 + alpha / 2 * (p2 * (b - a - KL21) + p2 - p1)
+
+    Returns ``(loss_sum, nll_sum)`` summed over the m positions (``nll_sum`` the mean of the two passes'), so
+    per-token values compare with the plain loss's.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, smoothing: float,
+                chunk_size: int, keep: Tensor | None, alpha: float) -> tuple[Tensor, Tensor]:
+        m = hidden.size(0) // 2
+        if hidden.size(0) != 2 * m:
+            raise ValueError(f"R-Drop needs the batch twice (an even number of positions), got {hidden.size(0)}")
+        vocab = weight.size(0)
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros_like(bias) if need_bias else None
+        sums = hidden.new_zeros(3, dtype=dtype)  # nll (both passes), uniform (both passes), KL12 + KL21
+        for start in ([0] if m <= chunk_size else range(0, m, chunk_size)):
+            rows = slice(start, min(start + chunk_size, m))
+            h1, h2 = hidden[rows], hidden[m + rows.start:m + rows.stop]  # (n, d_model) each
+            gold = target[rows].unsqueeze(-1)  # (n, 1)
+            a = F.log_softmax(F.linear(h1, weight, bias).to(dtype), dim=-1)  # (n, vocab)
+            b = F.log_softmax(F.linear(h2, weight, bias).to(dtype), dim=-1)
+            p1, p2, log_ratio = a.exp(), b.exp(), a - b
+            kl12, kl21 = (p1 * log_ratio).sum(-1, keepdim=True), -(p2 * log_ratio).sum(-1, keepdim=True)  # (n, 1)
+            terms = torch.stack([-(a.gather(-1, gold) + b.gather(-1, gold)).squeeze(-1),  # (3, n)
+                                 -(a.mean(-1) + b.mean(-1)), (kl12 + kl21).squeeze(-1)])
+            weights = None if keep is None else keep[rows].to(dtype)  # (n,)
+            sums += (terms if weights is None else terms * weights).sum(-1)
+            if not (need_hidden or need_weight or need_bias):
+                continue
+            smoothed = torch.full_like(p1, smoothing / vocab).scatter_add_(  # q
+                -1, gold, torch.full(gold.shape, 1.0 - smoothing, dtype=dtype, device=gold.device))
+            grad1 = 0.5 * (p1 - smoothed) + 0.5 * alpha * (p1 * (log_ratio - kl12) + p1 - p2)
+            grad2 = 0.5 * (p2 - smoothed) + 0.5 * alpha * (p2 * (-log_ratio - kl21) + p2 - p1)
+            if weights is not None:
+                grad1, grad2 = grad1 * weights.unsqueeze(-1), grad2 * weights.unsqueeze(-1)
+            grad1, grad2 = grad1.to(h1.dtype), grad2.to(h2.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows], grad_hidden[m + rows.start:m + rows.stop] = grad1 @ weight, grad2 @ weight
+            if grad_weight is not None:
+                grad_weight += grad1.t() @ h1 + grad2.t() @ h2
+            if grad_bias is not None:
+                grad_bias += grad1.sum(0) + grad2.sum(0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        nll_sum, uniform_sum, kl_sum = 0.5 * sums[0], 0.5 * sums[1], 0.5 * sums[2]
+        loss_sum = (1.0 - smoothing) * nll_sum + smoothing * uniform_sum + alpha * kl_sum
+        ctx.mark_non_differentiable(nll_sum)
+        return loss_sum, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor | None, ...]:
+        grads = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
+        return *grads, None, None, None, None, None

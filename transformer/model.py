@@ -208,7 +208,8 @@ class Transformer(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None, *,
                 target_positions: Tensor | None = None, label_smoothing: float = 0.0,
-                loss_chunk: int = 512, dense_loss: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                loss_chunk: int = 512, dense_loss: bool = False, r_drop: float = 0.0
+                ) -> Tensor | tuple[Tensor, Tensor]:
         """The training path.
 
         ``tgt_in`` must be right-padded (as ``collate`` makes it): decoder self-attention is plainly causal,
@@ -224,11 +225,17 @@ class Transformer(nn.Module):
             loss_chunk: positions per chunk of the fused projection + loss.
             dense_loss: project every position, padding weighted by 0 (``target_positions`` unused): shapes that
                 depend only on the batch's shape, for a CUDA graph.
+            r_drop: > 0: R-Drop with this weight: the batch runs twice (independent dropout) and the loss adds
+                the symmetric KL divergence between the two predictions (``loss._ProjectedRDropLoss``).
 
         Returns:
             logits (batch, tgt_len, tgt_vocab) without ``tgt_out``; with it ``(loss_sum, nll_sum)``, float32
             scalars summed over the real positions (only ``loss_sum`` carries a gradient).
         """
+        if r_drop > 0 and tgt_out is not None:  # the batch twice, as (2 * batch) rows
+            if target_positions is not None:
+                target_positions = torch.cat([target_positions, target_positions + tgt_out.numel()])
+            src, tgt_in, tgt_out = (torch.cat([t, t]) for t in (src, tgt_in, tgt_out))
         encoded = self.encode(src)
         hidden = self.decoder(tgt_in, encoded.memory, None, encoded.src_mask, causal=True).hidden
         # hidden: (batch, tgt_len, d_model)
@@ -236,7 +243,7 @@ class Transformer(nn.Module):
             return self.project(hidden)
         return projected_label_smoothed_sums(hidden, *self.output_layer(), tgt_out, smoothing=label_smoothing,
                                              pad_id=self.pad_id, chunk_size=loss_chunk, positions=target_positions,
-                                             dense=dense_loss)
+                                             dense=dense_loss, consistency=r_drop)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """src (batch, src_len) ids -> :class:`EncoderOutput` (memory, padding mask, optional weights)."""

@@ -136,7 +136,8 @@ class TrainStep:
                 with autocast(self.device, self.cfg.precision):
                     loss_sum, nll_sum = self._forward(
                         src, tgt_in, tgt_out, target_positions=positions, dense_loss=positions is None,
-                        label_smoothing=self.cfg.label_smoothing, loss_chunk=self._loss_chunk)
+                        label_smoothing=self.cfg.label_smoothing, loss_chunk=self._loss_chunk,
+                        r_drop=self.cfg.r_drop)
                 (loss_sum * scale).backward()
             sums += torch.stack([loss_sum.detach(), nll_sum.detach()])
         grad_norm = self._clip_gradients().float().reshape(())

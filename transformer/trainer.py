@@ -430,7 +430,7 @@ class Trainer:
             values = {
                 "loss": check.loss_sum / check.tokens,
                 "nll": check.nll_sum / check.tokens,
-                "lr": self.optimizer.param_groups[0]["lr"],
+                "lr": float(self.optimizer.param_groups[0]["lr"]),  # a device tensor with CUDA graphs
                 "grad_norm": check.grad_norm,
                 "tokens_per_s": check.tokens / elapsed,
             }

@@ -36,6 +36,8 @@ def test_every_experiment_composes(compose_config, experiment, monkeypatch):
     monkeypatch.setenv("GLOVE_PATH", "/some/glove.txt")
     cfg = OmegaConf.to_object(compose_config("train", [f"experiment={experiment}", *RUN]))
     assert isinstance(cfg, TrainConfig)
+    bench = OmegaConf.to_object(compose_config("benchmark", [f"experiment={experiment}", "output_dir=x"]))
+    assert (bench.model, bench.training) == (cfg.model, cfg.training)  # the recipe's model and batches, benchmarked
 
 
 @pytest.mark.parametrize("debug", _options("debug"))

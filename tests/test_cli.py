@@ -92,3 +92,33 @@ def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) 
     logs = [path.read_text() for path in run_dir.glob("*.log")]
     assert logs and all("training.lr: must be > 0" in text for text in logs)  # the run's log has it too
     assert not (run_dir / "checkpoints").exists()
+
+
+def test_merge_overrides_keeps_the_runs_recipe_under_this_commands_values() -> None:
+    earlier = ["model=mini", "training.lr=2e-3", "hydra.run.dir=/runs/a", "training.max_epochs=38", "+extra=1"]
+    now = ["resume=/runs/a", "training.max_epochs=40"]
+    assert cli.merge_overrides(earlier, now) == ["model=mini", "training.lr=2e-3", "+extra=1", "resume=/runs/a",
+                                                 "training.max_epochs=40"]
+
+
+def _train_command(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from transformer.cli import train_main; train_main()", *overrides],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1",
+             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+    )
+
+
+def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) -> None:
+    """Started with a recipe on the command line, continued with only ``resume=`` and a longer ``max_steps``: the
+    run's own overrides come back (a default model or batch size would be refused by the resume check)."""
+    recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", f"data.dir={toy_corpus}",
+              f"data.cache_dir={tmp_path / 'cache'}", "training.max_tokens=256"]
+    first = _train_command(tmp_path, *recipe, "training.max_steps=4", f"hydra.run.dir={tmp_path / 'run'}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = _train_command(tmp_path, f"resume={tmp_path / 'run'}", "training.max_steps=8",
+                             f"hydra.run.dir={tmp_path / 'again'}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+    assert "resuming the run in" in log and "training stopped (max_steps) at step 8" in log

@@ -43,11 +43,41 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig) -> Any:
         sys.exit(1)
 
 
+def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:
+    """Command-line overrides ``earlier`` (minus Hydra's own and ``resume``), then ``now``; where both set the
+    same key or group, ``now``'s value alone."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    given = {o.key_or_group for o in parser.parse_overrides(now)}
+    kept = [o.input_line for o in parser.parse_overrides(earlier)
+            if o.key_or_group not in given and o.key_or_group != "resume" and not o.key_or_group.startswith("hydra")]
+    return kept + list(now)
+
+
+def _resumed_config(cfg: DictConfig) -> DictConfig:
+    """With ``resume=RUN``: the config RUN was started with (its command-line overrides, which Hydra saved in
+    ``RUN/.hydra/overrides.yaml``) with this command's overrides on top, so a recipe need not be typed again to
+    continue it. A run started otherwise (no such file) resumes with this command's config as it is."""
+    if cfg.get("resume") is None:
+        return cfg
+    from hydra.core.hydra_config import HydraConfig
+
+    target = Path(cfg.resume)
+    saved = (target if target.is_dir() else target.parent.parent) / ".hydra" / "overrides.yaml"
+    if not saved.is_file():
+        return cfg
+    earlier = [str(o) for o in OmegaConf.load(saved)]
+    overrides = merge_overrides(earlier, list(HydraConfig.get().overrides.task))
+    log.info("resuming with the run's own overrides, this command's on top: %s", " ".join(overrides))
+    return hydra.compose(config_name="train", overrides=overrides)
+
+
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
 def _train(cfg: DictConfig) -> float | None:
     from transformer import pipeline
 
-    metrics = _run(pipeline.train, cfg)
+    metrics = _run(pipeline.train, _resumed_config(cfg))
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
 
 

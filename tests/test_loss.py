@@ -124,12 +124,12 @@ def _r_drop_reference(hidden, weight, bias, target, smoothing, alpha):
         return -(1 - smoothing) * log_q.gather(-1, gold).squeeze(-1) - smoothing * log_q.mean(-1)
 
     kl = (a.exp() * (a - b)).sum(-1) + (b.exp() * (b - a)).sum(-1)  # KL12 + KL21
-    loss = 0.5 * (cross_entropy(a) + cross_entropy(b)) + 0.5 * alpha * kl
+    loss = 0.5 * (cross_entropy(a) + cross_entropy(b) + alpha * kl / 2)  # half the paper's: ce1 + ce2 + alpha * KL
     nll = -0.5 * (a.gather(-1, gold) + b.gather(-1, gold)).squeeze(-1)
     return loss[keep].sum(), nll[keep].sum()
 
 
-@pytest.mark.parametrize("dense, chunk_size", [(False, 3), (False, 64), (True, 5)])
+@pytest.mark.parametrize("dense, chunk_size", [(False, 3), (False, 64), (True, 5), (True, 1)])
 def test_r_drop_loss_equals_its_plain_autograd_form_in_value_and_gradient(dense, chunk_size):
     hidden, weight, bias, target = _projection_problem(torch.float64)
     target = torch.cat([target[:2], target[:2]])  # rows 2, 3 repeat rows 0, 1 (other hidden states: other dropout)

@@ -255,8 +255,9 @@ class TrainingConfig:
     eps: float = 1e-9
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
-    # R-Drop (Liang et al., 2021): > 0 runs each batch twice with independent dropout and adds this weight times
-    # the two predictions' symmetric KL divergence per token to the loss; twice the compute per step
+    # R-Drop (Liang et al., 2021): > 0 runs each batch twice with independent dropout and adds the two predictions'
+    # symmetric KL divergence, weighted as the paper's alpha (5 in its translation runs); twice the compute and
+    # activation memory per step
     r_drop: float = 0.0
     bpe_dropout: float = 0.0  # > 0: each epoch segments the training pairs anew, dropping BPE merges at this rate
     clip_grad_norm: Optional[float] = 1.0

@@ -181,17 +181,19 @@ class _ProjectedRDropLoss(torch.autograd.Function):
     """R-Drop (Liang et al., 2021) on top of the projection + label-smoothed loss; gradients made in the forward.
 
     The (2m, d_model) states are two passes over the same m positions: rows i and m + i share a target (the
-    caller's promise: checking it would wait for the device). With
-    z1, z2 their logits, a = log p1, b = log p2, KL12 = sum p1 (a - b), KL21 = sum p2 (b - a) and q the
-    smoothed target, the loss per position is
+    caller's promise: checking it would wait for the device). With z1, z2 their logits, a = log p1, b = log p2,
+    KL12 = sum p1 (a - b), KL21 = sum p2 (b - a) and q the smoothed target, the loss per position is half the
+    paper's, ce1 + ce2 + alpha * (KL12 + KL21) / 2, so that alpha means what it does there (5 for their
+    translation runs) while the per-token scale stays that of one pass:
 
-        L = (ce1 + ce2) / 2 + alpha * (KL12 + KL21) / 2
+        L = (ce1 + ce2) / 2 + alpha / 4 * (KL12 + KL21)
 
-    and, with softmax's Jacobian, dKL12/dz1 = p1 * (a - b - KL12), dKL12/dz2 = p2 - p1 (KL21 alike):
+    With softmax's Jacobian, dKL12/dz1 = p1 * (a - b - KL12) and dKL12/dz2 = p2 - p1 (KL21 alike), so
 
-        dL/dz1 = (p1 - q) / 2 + alpha / 2 * (p1 * (a - b - KL12) + p1 - p2)
-        dL/dz2 = (p2 - q) / 2 + alpha / 2 * (p2 * (b - a - KL21) + p2 - p1)
+        dL/dz1 = (p1 - q) / 2 + alpha / 4 * (p1 * (a - b - KL12) + p1 - p2)
+        dL/dz2 = (p2 - q) / 2 + alpha / 4 * (p2 * (b - a - KL21) + p2 - p1)
 
+    A chunk takes ``chunk_size // 2`` positions of each pass and holds four (positions, vocab) buffers.
     Returns ``(loss_sum, nll_sum)`` summed over the m positions (``nll_sum`` the mean of the two passes'), so
     per-token values compare with the plain loss's.
     """
@@ -202,43 +204,46 @@ class _ProjectedRDropLoss(torch.autograd.Function):
         m = hidden.size(0) // 2
         if hidden.size(0) != 2 * m:
             raise ValueError(f"R-Drop needs the batch twice (an even number of positions), got {hidden.size(0)}")
-        vocab = weight.size(0)
+        vocab, pairs = weight.size(0), max(1, chunk_size // 2)
         dtype = torch.promote_types(hidden.dtype, torch.float32)
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight) if need_weight else None
         grad_bias = torch.zeros_like(bias) if need_bias else None
         sums = hidden.new_zeros(3, dtype=dtype)  # nll (both passes), uniform (both passes), KL12 + KL21
-        for start in ([0] if m <= chunk_size else range(0, m, chunk_size)):
-            rows = slice(start, min(start + chunk_size, m))
-            h1, h2 = hidden[rows], hidden[m + rows.start:m + rows.stop]  # (n, d_model) each
-            gold = target[rows].unsqueeze(-1)  # (n, 1)
-            a = F.log_softmax(F.linear(h1, weight, bias).to(dtype), dim=-1)  # (n, vocab)
-            b = F.log_softmax(F.linear(h2, weight, bias).to(dtype), dim=-1)
-            p1, p2, log_ratio = a.exp(), b.exp(), a - b
+        for start in ([0] if m <= pairs else range(0, m, pairs)):
+            first, second = slice(start, min(start + pairs, m)), slice(m + start, m + min(start + pairs, m))
+            gold = target[first].unsqueeze(-1)  # (n, 1)
+            p1 = F.log_softmax(F.linear(hidden[first], weight, bias).to(dtype), dim=-1)  # (n, vocab): a, for now
+            p2 = F.log_softmax(F.linear(hidden[second], weight, bias).to(dtype), dim=-1)  # b, for now
+            nll = -(p1.gather(-1, gold) + p2.gather(-1, gold)).squeeze(-1)  # (n,)
+            uniform = -(p1.mean(-1) + p2.mean(-1))
+            log_ratio = p1 - p2  # a - b
+            p1.exp_()
+            p2.exp_()
             kl12, kl21 = (p1 * log_ratio).sum(-1, keepdim=True), -(p2 * log_ratio).sum(-1, keepdim=True)  # (n, 1)
-            terms = torch.stack([-(a.gather(-1, gold) + b.gather(-1, gold)).squeeze(-1),  # (3, n)
-                                 -(a.mean(-1) + b.mean(-1)), (kl12 + kl21).squeeze(-1)])
-            weights = None if keep is None else keep[rows].to(dtype)  # (n,)
+            terms = torch.stack([nll, uniform, (kl12 + kl21).squeeze(-1)])  # (3, n)
+            weights = None if keep is None else keep[first].to(dtype)  # (n,)
             sums += (terms if weights is None else terms * weights).sum(-1)
             if not (need_hidden or need_weight or need_bias):
                 continue
-            smoothed = torch.full_like(p1, smoothing / vocab).scatter_add_(  # q
-                -1, gold, torch.full(gold.shape, 1.0 - smoothing, dtype=dtype, device=gold.device))
-            grad1 = 0.5 * (p1 - smoothed) + 0.5 * alpha * (p1 * (log_ratio - kl12) + p1 - p2)
-            grad2 = 0.5 * (p2 - smoothed) + 0.5 * alpha * (p2 * (-log_ratio - kl21) + p2 - p1)
-            if weights is not None:
-                grad1, grad2 = grad1 * weights.unsqueeze(-1), grad2 * weights.unsqueeze(-1)
-            grad1, grad2 = grad1.to(h1.dtype), grad2.to(h2.dtype)
-            if grad_hidden is not None:
-                grad_hidden[rows], grad_hidden[m + rows.start:m + rows.stop] = grad1 @ weight, grad2 @ weight
-            if grad_weight is not None:
-                grad_weight += grad1.t() @ h1 + grad2.t() @ h2
-            if grad_bias is not None:
-                grad_bias += grad1.sum(0) + grad2.sum(0)
+            grad1 = (log_ratio - kl12).mul_(p1).add_(p1).sub_(p2).mul_(alpha / 4).add_(p1, alpha=0.5)
+            grad2 = log_ratio.neg_().sub_(kl21).mul_(p2).add_(p2).sub_(p1).mul_(alpha / 4).add_(p2, alpha=0.5)
+            for grad in (grad1, grad2):  # minus q / 2
+                grad -= 0.5 * smoothing / vocab
+                grad.scatter_add_(-1, gold, grad.new_full(gold.shape, -0.5 * (1.0 - smoothing)))
+                if weights is not None:
+                    grad *= weights.unsqueeze(-1)
+            for rows, grad in ((first, grad1.to(hidden.dtype)), (second, grad2.to(hidden.dtype))):
+                if grad_hidden is not None:
+                    grad_hidden[rows] = grad @ weight
+                if grad_weight is not None:
+                    grad_weight += grad.t() @ hidden[rows]
+                if grad_bias is not None:
+                    grad_bias += grad.sum(0)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        nll_sum, uniform_sum, kl_sum = 0.5 * sums[0], 0.5 * sums[1], 0.5 * sums[2]
-        loss_sum = (1.0 - smoothing) * nll_sum + smoothing * uniform_sum + alpha * kl_sum
+        nll_sum, uniform_sum = 0.5 * sums[0], 0.5 * sums[1]
+        loss_sum = (1.0 - smoothing) * nll_sum + smoothing * uniform_sum + 0.25 * alpha * sums[2]
         ctx.mark_non_differentiable(nll_sum)
         return loss_sum, nll_sum
 

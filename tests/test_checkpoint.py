@@ -270,3 +270,14 @@ def test_save_model_keeps_metadata_but_no_training_state(tmp_path):
     saved = load_checkpoint(tmp_path / "final.pt")
     assert sorted(saved) == ["config", "model", "model_config", "source", "step", "tokenizers", "version"]
     assert saved["step"] == 7 and saved["source"] == "best (step 7)"
+
+
+def test_a_runs_recipe_comes_from_its_checkpoint_else_from_hydras_record(tmp_path):
+    run = RunDir(tmp_path / "run")
+    (run.root / ".hydra").mkdir(parents=True)
+    (run.root / ".hydra" / "overrides.yaml").write_text("- model=mini\n- data.cache_dir=${data.dir}/c\n")
+    save_checkpoint(_state(1.0), run.last)  # an older run: no recipe in its checkpoints
+    assert checkpoint.saved_recipe(run.root) == ["model=mini", "data.cache_dir=${data.dir}/c"]  # as typed
+    save_checkpoint({**_state(1.0), "recipe": ["model=tiny"]}, run.last)
+    assert checkpoint.saved_recipe(run.root) == checkpoint.saved_recipe(run.last) == ["model=tiny"]
+    assert checkpoint.saved_recipe(tmp_path / "elsewhere" / "checkpoints" / "x.pt") is None

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from transformer import cli, pipeline
+from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, TrainConfig
 from transformer.data import DataError
 
@@ -95,10 +96,12 @@ def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) 
 
 
 def test_merge_overrides_keeps_the_runs_recipe_under_this_commands_values() -> None:
-    earlier = ["model=mini", "training.lr=2e-3", "hydra.run.dir=/runs/a", "training.max_epochs=38", "+extra=1"]
-    now = ["resume=/runs/a", "training.max_epochs=40"]
-    assert cli.merge_overrides(earlier, now) == ["model=mini", "training.lr=2e-3", "+extra=1", "resume=/runs/a",
-                                                 "training.max_epochs=40"]
+    earlier = ["model=mini", "training.lr=2e-3", "hydra.run.dir=/runs/a", "training.max_epochs=38", "+extra=1",
+               "model@other=tiny", "data.cache_dir=${data.dir}/c"]
+    now = ["resume=/runs/a", "training.max_epochs=40", "++extra=2", "model=small"]
+    assert cli.merge_overrides(earlier, now) == [  # resume and Hydra's own settings are no part of a recipe
+        "training.lr=2e-3", "model@other=tiny", "data.cache_dir=${data.dir}/c", "training.max_epochs=40", "++extra=2",
+        "model=small"]
 
 
 def _train_command(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -111,14 +114,21 @@ def _train_command(tmp_path: Path, *overrides: str) -> subprocess.CompletedProce
 
 
 def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) -> None:
-    """Started with a recipe on the command line, continued with only ``resume=`` and a longer ``max_steps``: the
-    run's own overrides come back (a default model or batch size would be refused by the resume check)."""
+    """Started with a recipe on the command line (into ``output_dir``, so Hydra's own record of it lies elsewhere),
+    continued from a checkpoint file with only ``resume=`` and a longer ``max_steps``: the recipe comes back from
+    the checkpoint, interpolations as typed (a default model or batch size would be refused by the resume check)."""
     recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", f"data.dir={toy_corpus}",
-              f"data.cache_dir={tmp_path / 'cache'}", "training.max_tokens=256"]
-    first = _train_command(tmp_path, *recipe, "training.max_steps=4", f"hydra.run.dir={tmp_path / 'run'}")
+              "data.cache_dir=${data.dir}_cache", "training.max_tokens=256"]
+    run = tmp_path / "run"
+    first = _train_command(tmp_path, *recipe, "training.max_steps=4", f"output_dir={run}",
+                           f"hydra.run.dir={tmp_path / 'first'}")
     assert first.returncode == 0, first.stderr[-2000:]
-    resumed = _train_command(tmp_path, f"resume={tmp_path / 'run'}", "training.max_steps=8",
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["recipe"] == [*recipe, "training.max_steps=4",
+                                                                          f"output_dir={run}"]
+    resumed = _train_command(tmp_path, f"resume={run / 'checkpoints' / 'last.pt'}", "training.max_steps=8",
                              f"hydra.run.dir={tmp_path / 'again'}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
-    assert "resuming the run in" in log and "training stopped (max_steps) at step 8" in log
+    log = (tmp_path / "again" / "train.log").read_text(encoding="utf-8")
+    assert "resuming with the run's recipe" in log and "training stopped (max_steps) at step 8" in log
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["recipe"][-2:] == [f"output_dir={run}",
+                                                                               "training.max_steps=8"]

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from transformer.config import ConfigError, ModelConfig, flatten, to_plain_dict
 
@@ -143,8 +144,9 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     _fsync_directory(path.parent)
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(weights_only=True)``.
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(weights_only=True)`` (``mmap``: its
+    tensors mapped from the file, read only when used).
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -154,7 +156,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError for torn or foreign files
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): {exc}") from exc
     if not isinstance(state, dict) or "version" not in state:
@@ -365,9 +367,7 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
         target: a run directory (its ``last.pt`` is used) or a checkpoint file inside ``checkpoints/``.
         config: this run's resolved config as plain values, checked by :func:`check_resume_config`.
     """
-    target = Path(target)
-    run = RunDir(target) if target.is_dir() else RunDir(target.parent.parent)
-    path = run.last if target.is_dir() else target
+    run, path = _resume_paths(target)
     state = load_checkpoint(path, map_location="cpu")
     if "config" not in state:
         raise CheckpointError(f"{path}: holds no resolved config, so it cannot be checked for a resume")
@@ -376,6 +376,28 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
                               f"checkpoints do; resume from {run.last} or the run directory {run.root}")
     check_resume_config(state["config"], config, path)
     return state, run
+
+
+def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
+    """The run directory and checkpoint file that ``resume=target`` (a run directory or a checkpoint) means."""
+    target = Path(target)
+    run = RunDir(target) if target.is_dir() else RunDir(target.parent.parent)
+    return run, run.last if target.is_dir() else target
+
+
+def saved_recipe(target: str | Path) -> list[str] | None:
+    """The command-line overrides the run ``resume=target`` means was started with: its checkpoint's ``recipe``
+    (``transformer-train`` stores it), else for older runs Hydra's ``.hydra/overrides.yaml`` in the run
+    directory, else None."""
+    run, path = _resume_paths(target)
+    if path.is_file():
+        recipe = load_checkpoint(path, mmap=True).get("recipe")  # mapped: the weights are not read
+        if recipe is not None:
+            return [str(override) for override in recipe]
+    hydra_file = run.root / ".hydra" / "overrides.yaml"
+    if hydra_file.is_file():  # values as typed: interpolations stay unresolved
+        return [str(override) for override in OmegaConf.to_container(OmegaConf.load(hydra_file), resolve=False)]
+    return None
 
 
 # --------------------------------------------------------------------------------------------------

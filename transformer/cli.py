@@ -24,6 +24,8 @@ CONFIG_PATH = str(Path(__file__).resolve().parents[1] / "configs")
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Failures that deserve a clear message rather than a traceback."""
+    from hydra.errors import HydraException  # e.g. composing a resumed run's recipe that no longer composes
+
     from transformer.checkpoint import CheckpointError
     from transformer.config import ConfigError
     from transformer.data import DataError
@@ -31,53 +33,61 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from transformer.tokenizer import TokenizerError
     from transformer.trainer import TrainingDiverged
 
-    return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError)
+    return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError,
+            HydraException)
 
 
-def _run(command: Callable[[Any], Any], cfg: DictConfig) -> Any:
+def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) -> Any:
+    """``command`` on the typed config (``typed=False``: on ``cfg`` as it is), a user error as one logged line."""
     try:
-        typed = OmegaConf.to_object(cfg)  # runs every __post_init__ range check
-        return command(typed)
+        return command(OmegaConf.to_object(cfg) if typed else cfg)  # to_object runs every __post_init__ check
     except _user_errors() as error:
         log.error("%s", error)  # to the console and, for runs with a directory, to its log file
         sys.exit(1)
 
 
 def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:
-    """Command-line overrides ``earlier`` (minus Hydra's own and ``resume``), then ``now``; where both set the
-    same key or group, ``now``'s value alone."""
+    """Command-line overrides ``earlier``, then ``now``; where both set the same key or group (in the same
+    package), ``now``'s alone. Hydra's own settings and ``resume`` are left out of both: not part of a recipe."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
-    given = {o.key_or_group for o in parser.parse_overrides(now)}
-    kept = [o.input_line for o in parser.parse_overrides(earlier)
-            if o.key_or_group not in given and o.key_or_group != "resume" and not o.key_or_group.startswith("hydra")]
-    return kept + list(now)
+    earlier_parsed, now_parsed = parser.parse_overrides(earlier), parser.parse_overrides(now)
+    given = {(o.key_or_group, o.package) for o in now_parsed}
+    kept = [o for o in earlier_parsed if (o.key_or_group, o.package) not in given] + now_parsed
+    return [o.input_line for o in kept if o.key_or_group != "resume" and not o.key_or_group.startswith("hydra")]
 
 
-def _resumed_config(cfg: DictConfig) -> DictConfig:
-    """With ``resume=RUN``: the config RUN was started with (its command-line overrides, which Hydra saved in
-    ``RUN/.hydra/overrides.yaml``) with this command's overrides on top, so a recipe need not be typed again to
-    continue it. A run started otherwise (no such file) resumes with this command's config as it is."""
-    if cfg.get("resume") is None:
-        return cfg
+def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
+    """This command's config and the run's recipe: the command-line overrides that define a run, kept in its
+    checkpoints. A new run's recipe is this command's overrides. With ``resume=RUN`` it is RUN's recipe with this
+    command's overrides on top, and the config is composed from it anew, so a run of any recipe continues with
+    just ``resume=RUN`` (plus whatever should change, e.g. ``training.max_epochs``)."""
     from hydra.core.hydra_config import HydraConfig
 
-    target = Path(cfg.resume)
-    saved = (target if target.is_dir() else target.parent.parent) / ".hydra" / "overrides.yaml"
-    if not saved.is_file():
-        return cfg
-    earlier = [str(o) for o in OmegaConf.load(saved)]
-    overrides = merge_overrides(earlier, list(HydraConfig.get().overrides.task))
-    log.info("resuming with the run's own overrides, this command's on top: %s", " ".join(overrides))
-    return hydra.compose(config_name="train", overrides=overrides)
+    from transformer.checkpoint import saved_recipe
+
+    now = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed: ${...} kept
+    earlier = saved_recipe(cfg.resume) if cfg.get("resume") is not None else None
+    if cfg.get("resume") is None or earlier is None:
+        if cfg.get("resume") is not None:
+            log.warning("%s: no recipe kept with this run; resuming with this command's config alone", cfg.resume)
+        return cfg, merge_overrides([], now)
+    recipe = merge_overrides(earlier, now)
+    log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
+    resume = [o for o in now if o.split("=", 1)[0].lstrip("+") == "resume"]
+    return hydra.compose(config_name="train", overrides=recipe + resume), recipe
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
 def _train(cfg: DictConfig) -> float | None:
     from transformer import pipeline
 
-    metrics = _run(pipeline.train, _resumed_config(cfg))
+    def train(cfg: DictConfig) -> dict:
+        cfg, recipe = _with_recipe(cfg)
+        return pipeline.train(OmegaConf.to_object(cfg), recipe)
+
+    metrics = _run(train, cfg, typed=False)
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
 
 

@@ -149,24 +149,27 @@ def _log_into(path: Path | None) -> Iterator[None]:
         handler.close()
 
 
-def train(cfg: TrainConfig) -> dict[str, Any]:
+def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
     """Train on the configured corpus, validate as configured, then score the final model on the test set.
 
-    Returns the metrics also written to ``metrics.json`` in the run directory.
+    ``recipe``: the command-line overrides that made ``cfg`` (``transformer-train`` passes them), kept in the
+    checkpoints so that ``resume=RUN`` can compose the same config. Returns the metrics also written to
+    ``metrics.json`` in the run directory.
     """
     dist = init_distributed(choose_device(cfg.device))
     cfg = replace(cfg, training=resolve_training(cfg.training, dist.device))  # what the run records
     try:
         resumed, run = _start_run(cfg)
         with _log_into(run.log_file if resumed is not None and dist.is_main else None):
-            metrics = _train(cfg, dist, resumed, run)
+            metrics = _train(cfg, dist, resumed, run, recipe)
         dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
         return metrics
     finally:
         cleanup()
 
 
-def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, run: ckpt.RunDir) -> dict[str, Any]:
+def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, run: ckpt.RunDir,
+           recipe: list[str] | None) -> dict[str, Any]:
     if resumed is not None:
         log.info("resuming the run in %s at step %d; its log and checkpoints continue there", run.root, resumed["step"])
     src_tok, tgt_tok, train_set = build_training_data(cfg, run.root, dist,
@@ -185,7 +188,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
 
     tracker = Tracker(run.tensorboard, enabled=dist.is_main)
     validate = make_validator(valid_src, valid_ref, src_tok, tgt_tok, cfg, dist.device, tracker)
-    trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate)
+    trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
     if resumed is not None:
         trainer.load_state(resumed)
     result = trainer.fit()
@@ -201,7 +204,8 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
 
 def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,
                   train_set: TranslationDataset, dist: DistContext, tracker: Tracker, run_dir: Path,
-                  validate: Callable[[torch.nn.Module, int], dict[str, float]]) -> Trainer:
+                  validate: Callable[[torch.nn.Module, int], dict[str, float]],
+                  recipe: list[str] | None = None) -> Trainer:
     """The trainer with its sampler (this rank's shard), collate function, optimizer and checkpoints; with
     ``training.bpe_dropout``, the sampler re-segments the pairs every epoch and collation reads its epoch's."""
     multiple = cfg.training.pad_to_multiple
@@ -230,17 +234,20 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
         dataset=train_set, sampler=sampler, collate_fn=collate_fn,
         pad_id=tgt_tok.pad_id, device=dist.device, dist=dist, tracker=tracker,
         checkpoints=ckpt.CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
-        validate=validate, extra_state=_extra_state(cfg, src_tok, tgt_tok),
+        validate=validate, extra_state=_extra_state(cfg, src_tok, tgt_tok, recipe),
     )
 
 
-def _extra_state(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer) -> dict[str, Any]:
-    """What every checkpoint carries besides the training state: enough to rebuild model and tokenizers."""
-    return {
+def _extra_state(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                 recipe: list[str] | None) -> dict[str, Any]:
+    """What every checkpoint carries besides the training state: enough to rebuild model and tokenizers, and
+    the recipe (command-line overrides) to compose the run's config again."""
+    state = {
         "config": to_plain_dict(cfg),
         "model_config": to_plain_dict(cfg.model),
         "tokenizers": {"src": src_tok.state_dict(), "tgt": tgt_tok.state_dict()},
     }
+    return state if recipe is None else {**state, "recipe": list(recipe)}
 
 
 def _hparams(cfg: TrainConfig) -> dict[str, Any]:

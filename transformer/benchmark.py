@@ -150,7 +150,8 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
                 tgt_lens = batch.tgt_out.ne(tgt_tok.pad_id).sum(1).numpy().astype(np.float64)  # EOS included
                 src_tokens, tgt_tokens = src_tokens + src_lens.sum(), tgt_tokens + tgt_lens.sum()
                 padded += batch.src.numel() + batch.tgt_out.numel()
-                flops += training_flops(cfg.model, src_lens, tgt_lens, tgt_tok.vocab_size).sum()
+                passes = 2 if cfg.training.r_drop > 0 else 1  # R-Drop runs every pair twice
+                flops += passes * training_flops(cfg.model, src_lens, tgt_lens, tgt_tok.vocab_size).sum()
         _sync(device)
         seconds = time.perf_counter() - start
         if trainer.graphs is not None:

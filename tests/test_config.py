@@ -108,6 +108,7 @@ def test_bad_choice_lists_valid_values(compose_config):
     ("training.threads=0", "training.threads"),
     ("training.n_samples=-1", "training.n_samples"),
     ("training.bpe_dropout=1.0", "training.bpe_dropout"),
+    ("training.r_drop=-1", "training.r_drop"),
     ("model.max_positions=100", "model.max_positions"),  # data.max_len is 128
 ])
 def test_bad_value_names_the_key(compose_config, override, key):
@@ -120,6 +121,13 @@ def test_max_positions_must_hold_the_longest_padded_batch(compose_config):
     assert fits.model.max_positions == 128
     with pytest.raises(ConfigError, match=r"batches can be 136 positions long \(data.max_len=128, \+ 1 .*multiple of 8"):
         OmegaConf.to_object(compose_config("train", ["data.max_len=128", "model.max_positions=128", *RUN]))
+
+
+def test_r_drop_needs_dropout(compose_config):
+    with pytest.raises(ConfigError, match=r"^training.r_drop: needs dropout"):
+        OmegaConf.to_object(compose_config("train", ["training.r_drop=5", "model.dropout=0", *RUN]))
+    with_attention_dropout = ["training.r_drop=5", "model.dropout=0", "model.attention_dropout=0.1", *RUN]
+    assert OmegaConf.to_object(compose_config("train", with_attention_dropout)).training.r_drop == 5
 
 
 def test_indivisible_heads_require_d_head():

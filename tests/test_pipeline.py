@@ -279,3 +279,17 @@ def test_cli_reports_a_bad_config_in_one_line(tmp_path):
     assert out.returncode == 1
     assert "data.dir: is required with data=custom" in out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
+
+
+def test_resuming_a_finished_run_redoes_only_the_final_evaluation(compose_config, toy_corpus, tmp_path):
+    first = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=6")
+    again = _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=6",
+                   f"resume={tmp_path / 'run'}")
+    assert again["train"]["steps"] == first["train"]["steps"] == 6
+    assert again["train"]["last_metrics"] == first["train"]["last_metrics"] != {}
+    # the time the checkpoint recorded (at its final save, a moment before the first call returned), plus nearly none
+    assert again["train"]["train_seconds"] == pytest.approx(first["train"]["train_seconds"], abs=0.5)
+    assert again["train"]["train_seconds"] > 2 * again["train"]["wall_seconds"]  # this call trained nothing
+    assert again["test_bleu"] == first["test_bleu"]  # the same final weights, scored again
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert saved["train"]["train_seconds"] == again["train"]["train_seconds"]

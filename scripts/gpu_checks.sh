@@ -36,10 +36,10 @@ tests)
     ;;
 speed)
     bench small train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
-    bench small_graphs training.cuda_graphs=true train_steps=300 untimed_steps=100 decode_sentences=100 profile_steps=20
+    bench small_graphs training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
     bench base model=base training.max_tokens=16384 train_steps=100 untimed_steps=10 decode_sentences=100
     bench base_graphs model=base training.max_tokens=16384 training.cuda_graphs=true train_steps=100 \
-        untimed_steps=60 decode_sentences=100
+        untimed_steps=10 decode_sentences=100
     ;;
 job)
     step default_job python scripts/train.py training.cuda_graphs=true "hydra.run.dir=$out/default_job"

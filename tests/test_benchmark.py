@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
+from toy_training import copy_pairs, make_trainer, training_config
 from transformer import benchmark
 from transformer.batching import TokenBucketSampler
 from transformer.config import ModelConfig
@@ -74,3 +75,17 @@ def test_benchmark_steps_run_on_past_the_end_of_an_epoch():
         assert sorted(i for batch in batches for i in batch) == list(range(10))
         sampler.set_epoch(epoch)
         assert batches == sampler.batches()
+
+
+def test_one_step_per_batch_shape_before_timing(tmp_path):
+    """What the benchmark runs first with CUDA graphs (here on the CPU, where it only trains): one step per shape."""
+    pairs = copy_pairs(40, seed=2)
+    trainer = make_trainer(tmp_path, training_config(max_tokens=40), pairs)
+    def shape(batch):
+        return tuple(batch.src.shape), tuple(batch.tgt_in.shape)
+
+    shapes = {shape(trainer.collate_fn(indices)) for indices in trainer.sampler.batches()}
+    steps = []
+    trainer.train_step = lambda batches: steps.append(shape(batches[0]))
+    assert benchmark._one_step_per_shape(trainer) == len(shapes) == len(steps) > 1
+    assert set(steps) == shapes

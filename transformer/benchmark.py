@@ -128,6 +128,9 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device)
     trainer = pipeline.build_trainer(train_cfg, model, src_tok, tgt_tok, train_set, dist,
                                      Tracker(work_dir, enabled=False), work_dir, lambda m, s: {"bleu": 0.0})
+    if trainer.graphs is not None:
+        log.info("CUDA graphs: recorded for the %d batch shapes of an epoch before the timed steps",
+                 _one_step_per_shape(trainer))
     groups = _endless_groups(trainer.sampler, cfg.training.accumulate)
     pinned = (_collated(trainer, group) for group in groups)
     batches = Prefetcher(pinned, depth=4) if device.type == "cuda" else pinned
@@ -155,8 +158,7 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         _sync(device)
         seconds = time.perf_counter() - start
         if trainer.graphs is not None:
-            log.info("CUDA graphs: %d batch shapes recorded (a shape first seen in a timed step counts in its time)",
-                     trainer.graphs.n_shapes)
+            log.info("CUDA graphs: %d batch shapes recorded in all", trainer.graphs.n_shapes)
         if cfg.profile_steps:
             profile_steps(trainer, batches, cfg.profile_steps, device, Path(cfg.output_dir) / "profile.txt")
     finally:
@@ -164,6 +166,20 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
             batches.close()
     return TrainingSpeed(cfg.train_steps, seconds, float(src_tokens + tgt_tokens) / seconds,
                          float(tgt_tokens) / seconds, padded / seconds, float(flops / tgt_tokens), float(flops) / seconds)
+
+
+def _one_step_per_shape(trainer: Trainer, max_batches: int = 2000) -> int:
+    """A training step on one batch of each shape among the first epoch's first ``max_batches`` (a CUDA graph is
+    recorded at a shape's first step, which must not fall into the timed steps); the number of shapes."""
+    trainer.sampler.set_epoch(0)
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    for indices in itertools.islice(trainer.sampler, max_batches):
+        batch = trainer.collate_fn(indices)
+        shape = (tuple(batch.src.shape), tuple(batch.tgt_in.shape))
+        if shape not in seen:
+            seen.add(shape)
+            trainer.train_step(_collated(trainer, [indices]))
+    return len(seen)
 
 
 def _endless_groups(sampler: TokenBucketSampler, size: int) -> Iterator[list[list[int]]]:

@@ -15,6 +15,7 @@ from toy_training import BOS, EOS, PAD, SINGLE, copy_pairs, tiny_model, training
 from transformer.batching import collate_arrays, static_rows
 from transformer.config import ConfigError
 from transformer.data import TranslationDataset
+from transformer.distributed import DistContext
 from transformer.loss import projected_label_smoothed_sums
 from transformer.optim import build_optimizer, set_learning_rate
 from transformer.runtime import resolve_training
@@ -106,14 +107,23 @@ def test_a_warm_up_step_changes_nothing():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (dict(accumulate=2), "training.accumulate must be 1"),
-    (dict(compile=True), "training.compile"),
+    (dict(accumulate=2), "training.accumulate: training.cuda_graphs records one batch per step: must be 1, got 2"),
+    (dict(compile=True), "training.compile: training.cuda_graphs replaces compilation"),
 ])
-def test_settings_the_graphs_cannot_hold_are_refused(overrides, message):
-    model = tiny_model(seed=0)
-    cfg = training_config(cuda_graphs=True, **overrides)
+def test_settings_the_graphs_cannot_hold_are_refused_by_the_config(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        TrainStep(model, build_optimizer(model, cfg), cfg, CPU, SINGLE, record_graphs=False)
+        training_config(cuda_graphs=True, **overrides)
+
+
+def test_graphs_need_one_process_and_the_fused_optimizer():
+    model = tiny_model(seed=0)
+    cfg = training_config(cuda_graphs=True)
+    two_ranks = DistContext(rank=0, world_size=2, local_rank=0, device=CPU, is_main=True)
+    with pytest.raises(ConfigError, match="needs one process .*torchrun started 2"):
+        TrainStep(model, build_optimizer(model, cfg), cfg, CPU, two_ranks, record_graphs=False)
+    unfused = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(ConfigError, match="needs the fused AdamW"):
+        TrainStep(model, unfused, cfg, CPU, SINGLE, record_graphs=False)
 
 
 def test_recording_needs_a_cuda_device():

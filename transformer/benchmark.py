@@ -139,11 +139,11 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         for _ in range(cfg.untimed_steps):
             trainer.train_step(next(batches))
         _sync(device)
-        extra = {"compile": ", compilation", "cuda_graphs": ", CUDA graph recording"}
-        done = "".join(text for key, text in extra.items() if getattr(cfg.training, key))
+        done = ", compilation" if cfg.training.compile else ""
         log.info("%d untimed steps (warm-up%s): %.1f s", cfg.untimed_steps, done, time.perf_counter() - start)
         src_tokens = tgt_tokens = flops = 0.0
         padded = 0
+        passes = 2 if cfg.training.r_drop > 0 else 1  # R-Drop runs every pair twice
         start = time.perf_counter()
         for _ in range(cfg.train_steps):
             step_batches = next(batches)
@@ -153,7 +153,6 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
                 tgt_lens = batch.tgt_out.ne(tgt_tok.pad_id).sum(1).numpy().astype(np.float64)  # EOS included
                 src_tokens, tgt_tokens = src_tokens + src_lens.sum(), tgt_tokens + tgt_lens.sum()
                 padded += batch.src.numel() + batch.tgt_out.numel()
-                passes = 2 if cfg.training.r_drop > 0 else 1  # R-Drop runs every pair twice
                 flops += passes * training_flops(cfg.model, src_lens, tgt_lens, tgt_tok.vocab_size).sum()
         _sync(device)
         seconds = time.perf_counter() - start
@@ -170,15 +169,16 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
 
 def _one_step_per_shape(trainer: Trainer, max_batches: int = 2000) -> int:
     """A training step on one batch of each shape among the first epoch's first ``max_batches`` (a CUDA graph is
-    recorded at a shape's first step, which must not fall into the timed steps); the number of shapes."""
+    recorded at a shape's first step, which must not fall into the timed steps); the number of shapes. These are
+    real steps: they update the weights and AdamW's state before the timed ones."""
     trainer.sampler.set_epoch(0)
     seen: set[tuple[tuple[int, ...], ...]] = set()
     for indices in itertools.islice(trainer.sampler, max_batches):
-        batch = trainer.collate_fn(indices)
+        (batch,) = _collated(trainer, [indices])
         shape = (tuple(batch.src.shape), tuple(batch.tgt_in.shape))
         if shape not in seen:
             seen.add(shape)
-            trainer.train_step(_collated(trainer, [indices]))
+            trainer.train_step([batch])
     return len(seen)
 
 

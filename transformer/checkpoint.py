@@ -45,6 +45,8 @@ TRAINER_KEYS = frozenset({
     "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
     "bad_validations", "last_valid_step", "last_metrics", "train_seconds", "reason",
 })
+# Keys a resume can do without: informational, or added after the first checkpoints were written.
+OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds"})
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU
@@ -319,7 +321,7 @@ RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")
 RESUME_WARN = (
     "training.lr", "training.warmup_steps", "training.schedule", "training.min_lr", "training.betas",
     "training.eps", "training.weight_decay", "training.label_smoothing", "training.clip_grad_norm",
-    "training.precision", "training.r_drop",
+    "training.precision", "training.r_drop", "training.cuda_graphs",
 )
 
 

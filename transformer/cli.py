@@ -68,10 +68,11 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     from transformer.checkpoint import saved_recipe
 
     now = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed: ${...} kept
-    earlier = saved_recipe(cfg.resume) if cfg.get("resume") is not None else None
-    if cfg.get("resume") is None or earlier is None:
-        if cfg.get("resume") is not None:
-            log.warning("%s: no recipe kept with this run; resuming with this command's config alone", cfg.resume)
+    if cfg.resume is None:
+        return cfg, merge_overrides([], now)
+    earlier = saved_recipe(cfg.resume)
+    if earlier is None:
+        log.warning("%s: no recipe kept with this run; resuming with this command's config alone", cfg.resume)
         return cfg, merge_overrides([], now)
     recipe = merge_overrides(earlier, now)
     log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))

@@ -317,6 +317,10 @@ class TrainingConfig:
         _check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
         _check(self.average_last <= self.keep_last, "training.average_last",
                f"averages kept checkpoints only: raise training.keep_last to >= {self.average_last}")
+        if self.cuda_graphs:  # the device and the number of processes are checked where they are known
+            _check(self.accumulate in (None, 1), "training.accumulate",
+                   f"training.cuda_graphs records one batch per step: must be 1, got {self.accumulate}")
+            _check(not self.compile, "training.compile", "training.cuda_graphs replaces compilation: set one of the two")
 
 
 @dataclass

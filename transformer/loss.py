@@ -90,8 +90,8 @@ def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor |
         dense: project every position and weight the padding by 0 instead of dropping it: more work, but
             every shape depends on the batch's shape alone, as a CUDA graph needs (``positions`` is ignored).
         consistency: > 0 for R-Drop: the batch's second half repeats its first (same targets, other dropout),
-            and the loss is the mean of the two halves' losses plus ``consistency`` times the mean of the two
-            KL divergences between their predictions, per position (:class:`_ProjectedRDropLoss`).
+            and the loss per position is the mean of the two halves' losses plus ``consistency`` / 4 times the sum
+            of the two KL divergences between their predictions: the paper's loss halved (:class:`_ProjectedRDropLoss`).
 
     Returns:
         ``(loss_sum, nll_sum)`` as float32 (float64 for float64 inputs) scalars; only ``loss_sum`` carries a

@@ -29,7 +29,7 @@ from transformer.distributed import DistContext
 from transformer.optim import set_capturable
 from transformer.runtime import autocast, compile_for_training
 
-# A micro-batch on the device: src, tgt_in, tgt_out, and the real target positions (None: dense loss)
+# A micro-batch on the device: src, tgt_in, tgt_out, and the real target positions (None with the dense loss)
 _DeviceBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
 
 
@@ -57,29 +57,27 @@ class TrainStep:
         self.cfg = cfg
         self.device = device
         self.dist = dist
+        self._skip_on_device = bool(optimizer.defaults.get("fused"))  # the fused step honours found_inf
+        if cfg.cuda_graphs:
+            self._check_graphable()
         self.ddp = self._wrap_ddp(model) if dist.world_size > 1 else None
         forward_module = self.ddp if self.ddp is not None else model
         self._forward = compile_for_training(forward_module) if cfg.compile else forward_module
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._loss_chunk = 512 if device.type == "cpu" else 8192  # CPU: a chunk's logits stay in cache; GPU: one kernel
-        self._skip_on_device = bool(optimizer.defaults.get("fused"))  # the fused step honours found_inf
         self.graphs: StepGraphs | None = None
         if cfg.cuda_graphs:
-            self._check_graphable()
             self.graphs = StepGraphs(self._graph_body, device, record=record_graphs)
             if record_graphs:
                 set_capturable(optimizer, device)
 
     def _check_graphable(self) -> None:
-        problems = {
-            "training.accumulate": (self.cfg.accumulate != 1, f"must be 1, got {self.cfg.accumulate}"),
-            "training.compile": (self.cfg.compile, "replaces the graphs; set one of the two"),
-            "dist.world_size": (self.dist.world_size > 1, "DDP's gradient hooks are not recorded: one process only"),
-            "optimizer": (not self._skip_on_device, "must be the fused AdamW, which skips a bad update on the device"),
-        }
-        for key, (bad, why) in problems.items():
-            if bad:
-                raise ConfigError(f"training.cuda_graphs: {key} {why}")
+        """What only the step knows: the number of processes and the optimizer (the config checked the rest)."""
+        if self.dist.world_size > 1:
+            raise ConfigError(f"training.cuda_graphs: needs one process (DDP's gradient hooks are not recorded); "
+                              f"torchrun started {self.dist.world_size}")
+        if not self._skip_on_device:
+            raise ConfigError("training.cuda_graphs: needs the fused AdamW, which skips a bad update on the device")
 
     def load_optimizer_state(self, state: dict) -> None:
         """``optimizer.load_state_dict`` (a checkpoint keeps the saved run's learning-rate form), then the form
@@ -118,12 +116,13 @@ class TrainStep:
     def _graph_body(self, src: torch.Tensor, tgt_in: torch.Tensor, tgt_out: torch.Tensor, scale: torch.Tensor,
                     skip_update: bool) -> torch.Tensor:
         """The update as :class:`StepGraphs` records it: fixed-shape inputs, the dense loss."""
-        return self._update([(src, tgt_in, tgt_out, None)], scale, skip_update=skip_update)
+        return self._update([(src, tgt_in, tgt_out, None)], scale, dense=True, skip_update=skip_update)
 
-    def _update(self, batches: list[_DeviceBatch], scale: torch.Tensor | float,
+    def _update(self, batches: list[_DeviceBatch], scale: torch.Tensor | float, dense: bool = False,
                 skip_update: bool = False) -> torch.Tensor:
         """Gradients of the step's micro-batches, clipping and the optimizer step; the statistics (4,).
 
+        ``dense`` computes the loss over every position, the padding weighted by zero (fixed shapes for a graph).
         ``skip_update`` computes everything but leaves weights and optimizer state as they are (the warm-up
         before a CUDA graph is recorded).
         """
@@ -135,7 +134,7 @@ class TrainStep:
             with sync:
                 with autocast(self.device, self.cfg.precision):
                     loss_sum, nll_sum = self._forward(
-                        src, tgt_in, tgt_out, target_positions=positions, dense_loss=positions is None,
+                        src, tgt_in, tgt_out, target_positions=positions, dense_loss=dense,
                         label_smoothing=self.cfg.label_smoothing, loss_chunk=self._loss_chunk,
                         r_drop=self.cfg.r_drop)
                 (loss_sum * scale).backward()

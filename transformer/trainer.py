@@ -45,7 +45,7 @@ from torch import nn
 from transformer import distributed
 from transformer.batching import Prefetcher
 from transformer.cuda_graphs import StepGraphs
-from transformer.checkpoint import TRAINER_KEYS, CheckpointManager, check_plain
+from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointManager, check_plain
 from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
 from transformer.metrics import perplexity
@@ -221,7 +221,7 @@ class Trainer:
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
         """Continue from a checkpoint dict (every rank loads the same one). RNGs are restored when ``fit`` starts."""
-        missing = sorted(TRAINER_KEYS - {"version", "reason", "last_metrics", "train_seconds"} - set(checkpoint))
+        missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
         if missing:
             raise KeyError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
         self.model.load_state_dict(checkpoint["model"])
@@ -282,13 +282,11 @@ class Trainer:
                 if not self._in_step and self.dist.world_size == 1 and not self._interrupt_requested:
                     self.save_now("interrupt")  # an interrupt that bypassed the handler, between steps
                 raise
+            finally:
+                graphs = self._release_graphs()
             if self.last_valid_step != self.step:
                 self._validate_and_save(final=True)
         self.tracker.flush()
-        graphs = ""
-        if self.graphs is not None:
-            graphs = f"; CUDA graphs recorded for {self.graphs.n_shapes} batch shapes"
-            self.graphs.release()  # their memory pool, for the final validation and test decoding
         if self.dist.is_main:
             log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call%s",
                      reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0, graphs)
@@ -299,6 +297,14 @@ class Trainer:
             last_metrics=dict(self.last_metrics),
         )
 
+    def _release_graphs(self) -> str:
+        """Free the recorded CUDA graphs' memory pool (for validation and test decoding); what to log of them."""
+        if self.graphs is None:
+            return ""
+        shapes = self.graphs.n_shapes
+        self.graphs.release()
+        return f"; CUDA graphs recorded for {shapes} batch shapes"
+
     @property
     def train_seconds(self) -> float:
         """Seconds spent training this run so far, earlier (resumed) fit calls included."""
@@ -307,10 +313,10 @@ class Trainer:
     def _run(self) -> str:
         """Epochs and steps; returns why training stopped."""
         cfg = self.cfg
-        if cfg.patience is not None and self.bad_validations >= cfg.patience:
+        if self._patience_exhausted():
             return "early_stopping"  # a resumed run that had already stopped early
-        if self.cfg.max_minutes is not None and self._seconds_before >= self.cfg.max_minutes * 60.0:
-            return "max_minutes"  # a resumed run that had already used its time
+        if cfg.max_minutes is not None and self._seconds_before >= cfg.max_minutes * 60.0:
+            return "max_minutes"  # a resumed run that had already used its time (this call's time is not yet due)
         while self.epoch < cfg.max_epochs:
             if not self._sampler_positioned:
                 self.sampler.set_epoch(self.epoch)
@@ -473,6 +479,9 @@ class Trainer:
             log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown, self.best_bleu,
                      self.best_step)
         self.save_now("final" if final else "validation", is_best=is_best)
+        return self._patience_exhausted()
+
+    def _patience_exhausted(self) -> bool:
         return self.cfg.patience is not None and self.bad_validations >= self.cfg.patience
 
     def request_interrupt(self) -> None:

@@ -12,12 +12,11 @@ epoch, sampler position (mid-epoch included), per-rank RNG states and early-stop
 from one and training on reproduces the parameters of an uninterrupted run (CPU; GPU kernels may be
 non-deterministic unless ``training.deterministic``).
 
-Host work per step: batches are collated with numpy ahead of the step (on CUDA in a background thread, into
-pinned memory, copied with ``non_blocking``); the step's statistics stay on the device and are read (one
-device-to-host wait, and under DDP one all-reduce) only at a *check*: every step on a CPU, where reading costs
-nothing, and every ``log_every_steps`` steps on a GPU, plus before every validation, checkpoint and stop. A
-non-finite loss or gradient norm never reaches the weights (the step skips that update), and the next check
-raises ``TrainingDiverged``.
+Host work per step: batches are collated with numpy ahead of the step (on CUDA by a background thread, into
+pinned memory, copied with ``non_blocking``). The step's statistics stay on the device until a *check* reads
+them (``step_window``): every step on a CPU, where reading costs nothing, every ``log_every_steps`` steps on a
+GPU, and before every validation, checkpoint and stop. A non-finite loss or gradient norm never reaches the
+weights (the step skips that update), and the next check raises ``TrainingDiverged``.
 
 Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
 position) without validating, so a crash loses at most that interval.
@@ -51,6 +50,7 @@ from transformer.distributed import DistContext
 from transformer.metrics import perplexity
 from transformer.optim import learning_rate, set_learning_rate
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
+from transformer.step_window import Reading, StepWindow
 from transformer.tracking import ProgressBar, Tracker
 from transformer.train_step import BatchLike, TrainStep
 
@@ -84,39 +84,6 @@ class TrainResult:
     wall_seconds: float  # this fit call only
     train_seconds: float = 0.0  # all fit calls of the run, resumed ones summed (the figure to report)
     last_metrics: dict[str, float] = field(default_factory=dict)  # the latest validation's
-
-
-@dataclass
-class _Window:
-    """Training statistics since the last log line; ``sums`` stays on the device until a check reads it."""
-
-    sums: torch.Tensor  # (4,): loss sum, NLL sum, non-finite steps, last gradient norm
-    tokens: float = 0.0  # this rank's target tokens
-    first_step: int = 1
-    started: float = field(default_factory=time.perf_counter)
-
-    def add(self, stats: torch.Tensor, tokens: int) -> None:
-        """Add one step's (loss sum, NLL sum, non-finite flag, gradient norm) and its token count."""
-        self.sums[:3] += stats[:3]
-        self.sums[3] = stats[3]
-        self.tokens += tokens
-
-    def reset(self, step: int) -> None:
-        self.sums.zero_()
-        self.tokens, self.first_step, self.started = 0.0, step + 1, time.perf_counter()
-
-
-@dataclass
-class _Check:
-    """What a check read (summed over ranks): the window's statistics and the stop/save flags."""
-
-    loss_sum: float
-    nll_sum: float
-    grad_norm: float
-    tokens: float
-    interrupt: bool
-    late: bool
-    save_due: bool
 
 
 class Trainer:
@@ -349,7 +316,7 @@ class Trainer:
         batches = self._batches()
         bar = ProgressBar(self.steps_per_epoch, enabled=cfg.progress_bar and self.dist.is_main,
                           desc=f"epoch {self.epoch + 1}")
-        window = _Window(torch.zeros(4, device=self.device), first_step=self.step + 1)
+        window = StepWindow(torch.zeros(4, device=self.device), first_step=self.step + 1)
         try:
             while group := list(itertools.islice(batches, cfg.accumulate)):
                 stats, tokens = self.train_step([batch for batch, _ in group])
@@ -367,7 +334,7 @@ class Trainer:
             bar.close()
         return None
 
-    def _after_step(self, window: _Window, bar: ProgressBar) -> str | None:
+    def _after_step(self, window: StepWindow, bar: ProgressBar) -> str | None:
         """Checks, logging, validation and scheduled checkpoints after a step; a stop reason or None."""
         cfg = self.cfg
         validate = cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0
@@ -375,19 +342,19 @@ class Trainer:
         last = cfg.max_steps is not None and self.step >= cfg.max_steps
         if not (validate or save or last or self.step % self._check_every == 0):
             return None
-        check = self._check(window, bar)
-        if check.interrupt:
+        reading = self._check(window, bar)
+        if reading.interrupt:
             self.save_now("interrupt")
             raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {self.checkpoints.last_path}")
         if validate:
             if self._validate_and_save():
                 return "early_stopping"
             window.started = time.perf_counter()
-        elif (save or check.save_due) and not last:  # at the last step the final validation saves
+        elif (save or reading.save_due) and not last:  # at the last step the final validation saves
             self.save_now("scheduled")
         if last:
             return "max_steps"
-        return "max_minutes" if check.late else None
+        return "max_minutes" if reading.late else None
 
     def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
         """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``
@@ -408,44 +375,32 @@ class Trainer:
         minutes = self.cfg.save_every_minutes
         return minutes is not None and time.monotonic() - self._last_save >= minutes * 60.0
 
-    def _check(self, window: _Window, bar: ProgressBar) -> _Check:
-        """Read the window and the flags (summed over ranks: one wait for the device), stop on divergence, and
-        log when a log step has come."""
-        flags = [float(self._interrupt_requested), float(self._out_of_time()), float(self._save_due_by_time()),
-                 window.tokens]
-        packed = torch.cat([window.sums, torch.tensor(flags, device=self.device)])
-        loss_sum, nll_sum, nonfinite, norm, interrupt, late, save_due, tokens = \
-            distributed.all_reduce_sum(packed).tolist()
-        norm /= self.dist.world_size  # identical on every rank after DDP's all-reduce
-        if nonfinite > 0 or not math.isfinite(loss_sum):
+    def _check(self, window: StepWindow, bar: ProgressBar) -> Reading:
+        """Read the window and the flags (one wait for the device), stop on divergence, and log when a log step
+        has come."""
+        reading = window.read(interrupt=self._interrupt_requested, late=self._out_of_time(),
+                              save_due=self._save_due_by_time(), world_size=self.dist.world_size)
+        if reading.nonfinite_steps > 0 or not math.isfinite(reading.loss_sum):
             raise TrainingDiverged(
-                f"step {self.step}: loss per token {loss_sum / max(tokens, 1.0)}, gradient norm {norm}, "
-                f"{nonfinite:.0f} non-finite step(s) since step {window.first_step}; stopping. Their updates were "
-                f"skipped and the last good checkpoint ({self.checkpoints.last_path}) was not overwritten; lower "
-                "training.lr, raise training.warmup_steps or set training.clip_grad_norm."
+                f"step {self.step}: loss per token {reading.loss_sum / max(reading.tokens, 1.0)}, gradient norm "
+                f"{reading.grad_norm}, {reading.nonfinite_steps:.0f} non-finite step(s) since step "
+                f"{window.first_step}; stopping. Their updates were skipped and the last good checkpoint "
+                f"({self.checkpoints.last_path}) was not overwritten; lower training.lr, raise "
+                "training.warmup_steps or set training.clip_grad_norm."
             )
-        check = _Check(loss_sum, nll_sum, norm, tokens, interrupt > 0, late > 0, save_due > 0)
-        if self.step % self.cfg.log_every_steps == 0 and tokens > 0:
-            self._log(check, window, bar)
-        return check
+        if self.step % self.cfg.log_every_steps == 0 and reading.tokens > 0:
+            self._log(reading, window, bar)
+        return reading
 
-    def _log(self, check: _Check, window: _Window, bar: ProgressBar) -> None:
+    def _log(self, reading: Reading, window: StepWindow, bar: ProgressBar) -> None:
         """Log the window (rank 0) and start a new one."""
         if self.dist.is_main:
-            elapsed = max(time.perf_counter() - window.started, 1e-9)
-            values = {
-                "loss": check.loss_sum / check.tokens,
-                "nll": check.nll_sum / check.tokens,
-                "lr": float(self.optimizer.param_groups[0]["lr"]),  # a device tensor with CUDA graphs
-                "grad_norm": check.grad_norm,
-                "tokens_per_s": check.tokens / elapsed,
-            }
-            values["ppl"] = perplexity(check.nll_sum, check.tokens)
+            lr = float(self.optimizer.param_groups[0]["lr"])  # a device tensor with CUDA graphs
+            values = reading.log_values(time.perf_counter() - window.started, lr)
             self.tracker.scalars(values, self.step, prefix="train")
             bar.update(0, loss=values["loss"], tokens_per_s=values["tokens_per_s"])
             log.info("epoch %d step %d: loss %.4f ppl %.2f lr %.3g grad_norm %.3f %.0f tok/s", self.epoch + 1,
-                     self.step, values["loss"], values["ppl"], values["lr"], values["grad_norm"],
-                     values["tokens_per_s"])
+                     self.step, values["loss"], values["ppl"], lr, values["grad_norm"], values["tokens_per_s"])
         window.reset(self.step)
 
     # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 #   scripts/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
 #   scripts/gpu_checks.sh speed    # training tokens/s and profiles: small and base, eager against CUDA graphs
 #   scripts/gpu_checks.sh job      # the README's default job with CUDA graphs, timed whole; decoding its model
+#   scripts/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
+#                                          # timed whole; its training stops after 8.5 minutes (a device call: 10)
 #
 # Needs MULTI30K_DIR (a copy of Multi30k that travelled with the tree) and hydra-core, omegaconf and
 # antlr4-python3-runtime importable (README: "GPU machines without hydra").
@@ -45,8 +47,14 @@ job)
     step default_job python scripts/train.py training.cuda_graphs=true "hydra.run.dir=$out/default_job"
     bench decoding "checkpoint=$out/default_job/checkpoints/final.pt" train_steps=5  # beam 5, cache on and off
     ;;
+quality)
+    data="${2:-multi30k_en_de}"
+    step "quality_$data" python scripts/train.py experiment=multi30k_gpu "data=$data" training.max_minutes=8.5 \
+        "hydra.run.dir=$out/quality_$data"
+    grep -h "training stopped\|final model\|test " "$out/quality_$data/train.log" | tail -n 8
+    ;;
 *)
-    echo "usage: $0 tests|speed|job" >&2
+    echo "usage: $0 tests|speed|job|quality [DATA]" >&2
     exit 2
     ;;
 esac

@@ -106,3 +106,11 @@ def test_perplexity() -> None:
     assert perplexity(1e6, 1) == math.inf
     with pytest.raises(ValueError, match="n_tokens"):
         perplexity(1.0, 0)
+
+
+def test_tokenized_bleu_does_not_warn_about_its_own_tokenized_input(caplog) -> None:
+    lines = [f"ein Hund Nummer {i} ." for i in range(120)]  # sacreBLEU warns from 100 lines ending in " ."
+    with caplog.at_level("WARNING"):
+        score, _ = tokenized_bleu(lines, lines, "de")
+    assert score == pytest.approx(100.0)
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]

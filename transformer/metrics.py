@@ -90,7 +90,7 @@ def moses_preprocess(lines: list[str], lang: str) -> list[str]:
 def tokenized_bleu(hypotheses: list[str], references: list[str], lang: str) -> tuple[float, str]:
     """BLEU as Multi30k papers compute it: both sides through :func:`moses_preprocess`, then sacreBLEU with no
     tokenisation of its own. Returns the score and a signature naming the preprocessing."""
-    bleu = BLEU(tokenize="none")
+    bleu = BLEU(tokenize="none", force=True)  # force: tokenized input is the point here, sacreBLEU need not warn
     score = bleu.corpus_score(moses_preprocess(hypotheses, lang), [moses_preprocess(references, lang)])
     return float(score.score), f"{bleu.get_signature()}|pre:lc+moses-norm+moses-tok.{lang}|sacremoses:{sacremoses.__version__}"
 

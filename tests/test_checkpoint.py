@@ -1,12 +1,8 @@
 """Checkpoints: round trip, atomic writes, clear load errors, rotation, averaging, the run directory's
-names, which configs may resume a checkpoint, and which weights a finished run keeps."""
+names, and which weights a finished run keeps."""
 
 from __future__ import annotations
 
-import copy
-import functools
-import re
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,15 +15,12 @@ from transformer.checkpoint import (
     CheckpointManager,
     RunDir,
     average_checkpoints,
-    check_resume_config,
     choose_final_weights,
     load_checkpoint,
-    load_for_resume,
     save_checkpoint,
     save_model,
 )
-from transformer.config import ConfigError, Schedule, TrainConfig, TrainingConfig, to_plain_dict
-from transformer.runtime import resolve_training
+from transformer.config import Schedule
 
 
 def _state(value: float, step: int = 0) -> dict:
@@ -138,95 +131,6 @@ def test_average_checkpoints_by_hand(tmp_path):
 # --------------------------------------------------------------------------------------------------
 
 
-def _set(tree: dict, dotted: str, value) -> dict:
-    """A deep copy of ``tree`` with ``dotted`` set to ``value``."""
-    tree = copy.deepcopy(tree)
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for key in parents:
-        node = node[key]
-    node[leaf] = value
-    return tree
-
-
-CPU = torch.device("cpu")
-SAVED = to_plain_dict(replace(TrainConfig(), training=resolve_training(TrainingConfig(), CPU)))  # as a run saves it
-
-
-@pytest.mark.parametrize(("key", "value"), [
-    ("training.max_tokens", 4097), ("training.accumulate", 7), ("training.seed", 99),
-    ("training.pad_to_multiple", 3), ("data.max_len", 17), ("data.max_pairs", 10), ("data.src", "fr"),
-    ("data.tokenizer.vocab_size", 123), ("model.d_model", 24), ("model.glove.freeze", True),
-])
-def test_resume_refuses_a_setting_that_changes_batches_or_model(key, value):
-    current = _set(SAVED, key, value)
-    old = functools.reduce(lambda node, k: node[k], key.split("."), SAVED)
-    assert old != value, "choose a value other than the default"
-    with pytest.raises(ConfigError, match=re.escape(f"{key}: the checkpoint run/last.pt was trained with {old!r}, "
-                                                    f"the config says {value!r}; resume with the same")):
-        check_resume_config(SAVED, current, "run/last.pt")
-
-
-@pytest.mark.parametrize(("key", "value"), [
-    ("training.max_steps", 50), ("training.max_epochs", 3), ("training.max_minutes", 5.0),
-    ("training.validate_every_steps", 10), ("training.keep_last", 9), ("training.log_every_steps", 1),
-    ("training.save_every_steps", 4), ("eval.beam_size", 2), ("output_dir", "x"), ("resume", "y"),
-    ("data.cache_dir", "z"), ("model.glove.path", "vectors.txt"), ("model.glove.rescale", False),
-])
-def test_resume_allows_stopping_logging_and_init_only_settings_silently(key, value, caplog):
-    with caplog.at_level("WARNING"):
-        check_resume_config(SAVED, _set(SAVED, key, value), "run/last.pt")
-    assert not caplog.records
-
-
-@pytest.mark.parametrize(("key", "value"), [("training.lr", 0.5), ("training.warmup_steps", 3),
-                                            ("training.label_smoothing", 0.0), ("training.clip_grad_norm", 9.0)])
-def test_resume_warns_naming_an_optimisation_setting(key, value, caplog):
-    with caplog.at_level("WARNING"):
-        check_resume_config(SAVED, _set(SAVED, key, value), "run/last.pt")
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
-    assert caplog.records[0].getMessage().startswith(f"{key}: the checkpoint run/last.pt was trained with ")
-
-
-def test_resume_compares_only_keys_both_configs_have():
-    older = copy.deepcopy(SAVED)
-    del older["training"]["max_tokens"]  # a checkpoint from before the key existed
-    check_resume_config(older, _set(SAVED, "training.max_tokens", 4097), "run/last.pt")
-
-
-def test_resume_treats_a_model_key_the_checkpoint_lacks_as_its_default():
-    older = copy.deepcopy(SAVED)
-    del older["model"]["attention"], older["model"]["max_relative_distance"]  # a checkpoint from before them
-    check_resume_config(older, SAVED, "run/last.pt")  # today's defaults: the same model
-    with pytest.raises(ConfigError, match=re.escape("model.attention.score: the checkpoint run/last.pt was trained "
-                                                    "with 'scaled_dot', the config says 'additive'")):
-        check_resume_config(older, _set(SAVED, "model.attention.score", "additive"), "run/last.pt")
-
-
-def test_resume_on_another_kind_of_device_is_refused_by_the_resolved_batch_layout():
-    on_gpu = to_plain_dict(replace(TrainConfig(), training=resolve_training(TrainingConfig(), torch.device("cuda"))))
-    with pytest.raises(ConfigError, match=r"training\.accumulate: the checkpoint run/last.pt was trained with 2, "
-                                          r"the config says 1"):
-        check_resume_config(SAVED, on_gpu, "run/last.pt")
-    older = _set(_set(SAVED, "training.pad_to_multiple", None), "training.max_tokens", None)  # left unresolved
-    check_resume_config(older, _set(SAVED, "training.max_tokens", 4096), "run/last.pt")  # not known: not compared
-
-
-def test_load_for_resume_takes_a_run_directory_or_a_checkpoint_file(tmp_path):
-    run = RunDir(tmp_path / "run")
-    CheckpointManager(run.checkpoints, keep_last=2).save({**_state(1.0, 3), "config": SAVED}, 3, is_best=True)
-    for target in (run.root, run.checkpoints / "step_3.pt"):
-        state, found = load_for_resume(target, SAVED)
-        assert found == run and state["step"] == 3
-    with pytest.raises(ConfigError, match="training.seed: "):
-        load_for_resume(run.root, _set(SAVED, "training.seed", 5))
-    state = _state(1.0, 3)
-    del state["config"]
-    save_checkpoint(state, run.last)
-    with pytest.raises(CheckpointError, match="holds no resolved config"):
-        load_for_resume(run.root, SAVED)
-
-
 def test_run_dir_names_every_file():
     run = RunDir(Path("out"))
     names = ("best.pt", "last.pt", "final.pt")
@@ -270,14 +174,3 @@ def test_save_model_keeps_metadata_but_no_training_state(tmp_path):
     saved = load_checkpoint(tmp_path / "final.pt")
     assert sorted(saved) == ["config", "model", "model_config", "source", "step", "tokenizers", "version"]
     assert saved["step"] == 7 and saved["source"] == "best (step 7)"
-
-
-def test_a_runs_recipe_comes_from_its_checkpoint_else_from_hydras_record(tmp_path):
-    run = RunDir(tmp_path / "run")
-    (run.root / ".hydra").mkdir(parents=True)
-    (run.root / ".hydra" / "overrides.yaml").write_text("- model=mini\n- data.cache_dir=${data.dir}/c\n")
-    save_checkpoint(_state(1.0), run.last)  # an older run: no recipe in its checkpoints
-    assert checkpoint.saved_recipe(run.root) == ["model=mini", "data.cache_dir=${data.dir}/c"]  # as typed
-    save_checkpoint({**_state(1.0), "recipe": ["model=tiny"]}, run.last)
-    assert checkpoint.saved_recipe(run.root) == checkpoint.saved_recipe(run.last) == ["model=tiny"]
-    assert checkpoint.saved_recipe(tmp_path / "elsewhere" / "checkpoints" / "x.pt") is None

@@ -19,8 +19,8 @@ lists/tuples/dicts of them. :func:`save_checkpoint` checks this before writing s
 a Path) fails at save time naming its key, not at resume time.
 
 Also here, because they decide what a checkpoint is used for: the layout of a run directory
-(:class:`RunDir`, the one place its file names are spelled), whether a config may resume a checkpoint
-(:func:`check_resume_config`), and which weights a finished run keeps (:func:`choose_final_weights`).
+(:class:`RunDir`, the one place its file names are spelled) and which weights a finished run keeps
+(:func:`choose_final_weights`). Whether a config may resume a checkpoint is :mod:`transformer.resume`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from omegaconf import OmegaConf
-
-from transformer.config import ConfigError, ModelConfig, flatten, to_plain_dict
 
 CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
@@ -302,104 +298,6 @@ def save_model(weights: dict[str, torch.Tensor], like: dict, path: str | Path, s
     weights came from."""
     state = {key: like[key] for key in ("config", "model_config", "tokenizers", "step") if key in like}
     save_checkpoint({**state, "model": weights, **({"source": source} if source is not None else {})}, path)
-
-
-# --------------------------------------------------------------------------------------------------
-# Resuming: which config may continue which checkpoint
-# --------------------------------------------------------------------------------------------------
-
-# Dotted keys (and their subtrees) a resumed run must share with its checkpoint: they shape the model or
-# the batches, and the exact resume (the same batches in the same order) depends on every one of them.
-RESUME_MUST_MATCH = (
-    "model", "data.corpus", "data.dir", "data.src", "data.tgt", "data.train_split", "data.max_pairs",
-    "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
-    "training.accumulate", "training.pad_to_multiple", "training.bpe_dropout",
-)
-# Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
-RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")
-# Settings that change the optimisation from the resumed step on, but not the batches: allowed, with a warning.
-RESUME_WARN = (
-    "training.lr", "training.warmup_steps", "training.schedule", "training.min_lr", "training.betas",
-    "training.eps", "training.weight_decay", "training.label_smoothing", "training.clip_grad_norm",
-    "training.precision", "training.r_drop", "training.cuda_graphs",
-)
-
-
-def _under(key: str, prefixes: Sequence[str]) -> bool:
-    return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
-
-
-def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: str | Path) -> None:
-    """Refuse to resume checkpoint ``path`` with a config that would not continue it; warn where it changes
-    the optimisation only.
-
-    Args:
-        saved: the resolved config stored in the checkpoint (``checkpoint["config"]``).
-        current: this run's resolved config as plain values (``to_plain_dict(cfg)``).
-        path: the checkpoint, for the messages.
-
-    Raises:
-        ConfigError: naming the first differing key of :data:`RESUME_MUST_MATCH`, both values and why.
-    """
-    old, new = flatten(saved), flatten(current)
-    # A model key the checkpoint lacks came after it was written: it was trained with that key's default.
-    model_defaults = flatten(to_plain_dict(ModelConfig()), "model.")
-    old.update({key: model_defaults[key] for key in new.keys() - old.keys() if key in model_defaults})
-    for key in sorted(old.keys() & new.keys()):  # another key one side lacks (an older schema) is not compared
-        if old[key] is None and key.startswith("training."):
-            continue  # an older run left the device's default unresolved: it is not known, so not compared
-        if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):
-            continue
-        if _under(key, RESUME_MUST_MATCH):
-            why = ("resume with the same model settings" if key.startswith("model.") else
-                   "resume with the same value: it changes the batches or how they form steps, so the run "
-                   "would not continue exactly where it stopped")
-            raise ConfigError(f"{key}: the checkpoint {path} was trained with {old[key]!r}, "
-                              f"the config says {new[key]!r}; {why}")
-        if _under(key, RESUME_WARN):
-            log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
-                        "the new value (same batches, a different optimisation from here on)",
-                        key, path, old[key], new[key])
-
-
-def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, RunDir]:
-    """The checkpoint to continue and the run directory the resumed run writes into (the original one).
-
-    Args:
-        target: a run directory (its ``last.pt`` is used) or a checkpoint file inside ``checkpoints/``.
-        config: this run's resolved config as plain values, checked by :func:`check_resume_config`.
-    """
-    run, path = _resume_paths(target)
-    state = load_checkpoint(path, map_location="cpu")
-    if "config" not in state:
-        raise CheckpointError(f"{path}: holds no resolved config, so it cannot be checked for a resume")
-    if "optimizer" not in state:
-        raise CheckpointError(f"{path}: holds model weights only (no optimizer state), as final.pt and averaged "
-                              f"checkpoints do; resume from {run.last} or the run directory {run.root}")
-    check_resume_config(state["config"], config, path)
-    return state, run
-
-
-def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
-    """The run directory and checkpoint file that ``resume=target`` (a run directory or a checkpoint) means."""
-    target = Path(target)
-    run = RunDir(target) if target.is_dir() else RunDir(target.parent.parent)
-    return run, run.last if target.is_dir() else target
-
-
-def saved_recipe(target: str | Path) -> list[str] | None:
-    """The command-line overrides the run ``resume=target`` means was started with: its checkpoint's ``recipe``
-    (``transformer-train`` stores it), else for older runs Hydra's ``.hydra/overrides.yaml`` in the run
-    directory, else None."""
-    run, path = _resume_paths(target)
-    if path.is_file():
-        recipe = load_checkpoint(path, mmap=True).get("recipe")  # mapped: the weights are not read
-        if recipe is not None:
-            return [str(override) for override in recipe]
-    hydra_file = run.root / ".hydra" / "overrides.yaml"
-    if hydra_file.is_file():  # values as typed: interpolations stay unresolved
-        return [str(override) for override in OmegaConf.to_container(OmegaConf.load(hydra_file), resolve=False)]
-    return None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     just ``resume=RUN`` (plus whatever should change, e.g. ``training.max_epochs``)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from transformer.checkpoint import saved_recipe
+    from transformer.resume import saved_recipe
 
     now = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed: ${...} kept
     if cfg.resume is None:

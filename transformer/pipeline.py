@@ -41,6 +41,7 @@ from transformer.inference import translate as translate_texts
 from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
+from transformer.resume import load_for_resume
 from transformer.runtime import (
     choose_device,
     configure_threads,
@@ -121,7 +122,7 @@ def _start_run(cfg: TrainConfig) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
                               f"overwrite; continue it with resume={run.root}, or train into another directory "
                               "(output_dir=... or hydra.run.dir=...)")
     else:
-        resumed, run = ckpt.load_for_resume(cfg.resume, to_plain_dict(cfg))
+        resumed, run = load_for_resume(cfg.resume, to_plain_dict(cfg))
     run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
     run.root.mkdir(parents=True, exist_ok=True)
     return resumed, run

@@ -63,6 +63,7 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, accumulate):
 
 
 def test_ctrl_c_saves_between_steps_and_resumes_exactly(tmp_path):
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite was started in the background
     cfg = training_config(max_steps=8)
     straight = make_trainer(tmp_path / "a", cfg, PAIRS)
     straight.fit()
@@ -77,7 +78,7 @@ def test_ctrl_c_saves_between_steps_and_resumes_exactly(tmp_path):
     state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
     assert (state["step"], state["reason"]) == (5, "interrupt")  # step 5 finished before saving
     assert not list((tmp_path / "b" / "checkpoints").glob("step_*.pt"))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
     resumed = make_trainer(tmp_path / "b", cfg, PAIRS, model_seed=5)
     resumed.load_state(state)

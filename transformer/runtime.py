@@ -164,8 +164,9 @@ def set_deterministic(flag: bool) -> None:
 def defer_sigint(on_interrupt: Callable[[], None]) -> Iterator[None]:
     """Turn the first Ctrl-C (SIGINT) into a call of ``on_interrupt``; a second one raises KeyboardInterrupt.
 
-    Lets a training loop finish its step and save before stopping. Outside the main thread (where signal
-    handlers cannot be installed) this does nothing.
+    Lets a training loop finish its step and save before stopping. This holds where SIGINT was ignored too (a
+    job started in the background by a script): ``kill -INT`` then stops a run cleanly. Outside the main thread
+    (where signal handlers cannot be installed) this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -173,7 +174,7 @@ def defer_sigint(on_interrupt: Callable[[], None]) -> Iterator[None]:
     previous = signal.getsignal(signal.SIGINT)
 
     def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one raises KeyboardInterrupt
         on_interrupt()
 
     signal.signal(signal.SIGINT, handler)

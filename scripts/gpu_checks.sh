@@ -2,7 +2,8 @@
 # The GPU measurements of docs/RESULTS.md in a few calls on a lent GPU machine, logs under $OUT (else gpu_checks/).
 #
 #   scripts/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
-#   scripts/gpu_checks.sh speed    # training tokens/s and profiles: small and base, eager against CUDA graphs
+#   scripts/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
+#                                  # against CUDA graphs
 #   scripts/gpu_checks.sh job      # the README's default job with CUDA graphs, timed whole; decoding its model
 #   scripts/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a device call: 10)
@@ -37,8 +38,10 @@ tests)
     step suite python -m pytest -q -x
     ;;
 speed)
-    bench small train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
-    bench small_graphs training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
+    bench half train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
+    bench half_graphs training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100
+    bench small model=small train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
+    bench small_graphs model=small training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
     bench base model=base training.max_tokens=16384 train_steps=100 untimed_steps=10 decode_sentences=100
     bench base_graphs model=base training.max_tokens=16384 training.cuda_graphs=true train_steps=100 \
         untimed_steps=10 decode_sentences=100

@@ -21,7 +21,7 @@ from transformer.model import build_model
 @pytest.mark.parametrize("d_head", [None, 24])
 def test_training_flops_match_pytorchs_counter(d_head):
     cfg = ModelConfig(d_model=64, n_heads=4, d_head=d_head, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
-                      dropout=0.0, share_embeddings=False)
+                      dropout=0.0, attention_dropout=0.0, share_embeddings=False)
     model = build_model(cfg, 500, 600, pad_id=0)
     src_len, tgt_len = 12, 9
     src, tgt = torch.randint(4, 500, (1, src_len)), torch.randint(4, 600, (1, tgt_len))

@@ -222,7 +222,7 @@ def tiny_model(src_vocab: int = 24, tgt_vocab: int = 24, seed: int = 2) -> nn.Mo
     """A random tiny model whose outputs are peaky and end with EOS at different steps (some never)."""
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                      max_positions=64, tie_output=False, share_embeddings=False)
+                      attention_dropout=0.0, max_positions=64, tie_output=False, share_embeddings=False)
     model = build_model(cfg, src_vocab, tgt_vocab, PAD_ID)
     with torch.no_grad():
         model.output_proj.weight.mul_(3.0)

@@ -180,7 +180,7 @@ def _joint_vocabulary_setup(tmp_path: Path, side: GloveSide, freeze: bool = Fals
     train_set = TranslationDataset(src, np.array([0, len(src)]), tgt, np.array([0, len(tgt)]))
     glove = GloveConfig(path=str(vectors), side=side, freeze=freeze, rescale=False)
     cfg = ModelConfig(d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1, n_decoder_layers=1,
-                      share_embeddings=False, tie_output=False, glove=glove)
+                      attention_dropout=0.0, share_embeddings=False, tie_output=False, glove=glove)
     torch.manual_seed(0)
     return build_model(cfg, tok.vocab_size, tok.vocab_size, tok.pad_id), glove, tok, train_set
 

@@ -22,7 +22,7 @@ VOCAB = 13
 
 def _cfg(**overrides: object) -> ModelConfig:
     base = dict(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                max_positions=64, share_embeddings=False)
+                attention_dropout=0.0, max_positions=64, share_embeddings=False)
     base.update(overrides)
     return ModelConfig(**base)  # type: ignore[arg-type]
 

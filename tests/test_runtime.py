@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+from dataclasses import replace
 
 import pytest
 import torch
@@ -80,14 +81,13 @@ def test_defer_sigint_calls_back_once_then_interrupts():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_batch_layout_defaults_per_device_and_explicit_values_win():
+def test_padding_defaults_per_device_and_explicit_values_win():
     cpu = resolve_training(TrainingConfig(), torch.device("cpu"))
     gpu = resolve_training(TrainingConfig(), torch.device("cuda"))
-    assert (cpu.max_tokens, cpu.accumulate, cpu.pad_to_multiple) == (2048, 2, 1)
-    assert (gpu.max_tokens, gpu.accumulate, gpu.pad_to_multiple) == (4096, 1, 8)
-    assert cpu.max_tokens * cpu.accumulate == gpu.max_tokens * gpu.accumulate  # the same positions per step
-    mine = resolve_training(TrainingConfig(max_tokens=1000, accumulate=3, pad_to_multiple=4), torch.device("cuda"))
-    assert (mine.max_tokens, mine.accumulate, mine.pad_to_multiple) == (1000, 3, 4)
+    assert (cpu.pad_to_multiple, gpu.pad_to_multiple) == (1, 8)
+    assert replace(cpu, pad_to_multiple=None) == replace(gpu, pad_to_multiple=None) == TrainingConfig()
+    mine = resolve_training(TrainingConfig(pad_to_multiple=4), torch.device("cuda"))
+    assert mine.pad_to_multiple == 4
     assert resolve_training(gpu, torch.device("cpu")) == gpu  # resolving twice changes nothing
 
 

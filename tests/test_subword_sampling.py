@@ -122,7 +122,8 @@ def test_a_run_with_bpe_dropout_resumes_exactly(compose_config, tmp_path):
     corpus = _write_corpus(tmp_path / "corpus")
     common = ["data=toy_copy", "data.tokenizer.kind=sentencepiece", "data.tokenizer.vocab_size=80",
               f"data.dir={corpus}", f"data.cache_dir={tmp_path / 'cache'}", "model=tiny", "model.dropout=0.0",
-              "eval=greedy", "training.bpe_dropout=0.2", "training.max_tokens=256", "training.schedule=inverse_sqrt",
+              "eval=greedy", "training.bpe_dropout=0.2", "training.max_tokens=256", "training.accumulate=2",
+              "training.schedule=inverse_sqrt",
               "training.warmup_steps=5", "training.progress_bar=false", "training.average_last=0",
               "training.validate_every_steps=1000", "training.valid_max_sentences=2"]  # validate once, at the end
 

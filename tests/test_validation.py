@@ -56,7 +56,7 @@ def _config() -> TrainConfig:
     return TrainConfig(
         data=DataConfig(max_len=50),  # the longest batch must fit max_positions
         model=ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=0.0,
-                          max_positions=64, share_embeddings=False),
+                          attention_dropout=0.0, max_positions=64, share_embeddings=False),
         training=TrainingConfig(max_tokens=40, valid_max_sentences=N_BLEU, n_samples=2),
         eval=EvalConfig(beam_size=4, max_len_a=0.0, max_len_b=5),  # validation decodes greedily all the same
     )

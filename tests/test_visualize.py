@@ -33,7 +33,7 @@ IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
 def model() -> nn.Module:
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, n_heads=HEADS, d_ff=32, n_encoder_layers=N_ENC, n_decoder_layers=N_DEC,
-                      dropout=0.0, max_positions=64)
+                      dropout=0.0, attention_dropout=0.0, max_positions=64)
     return build_model(cfg, 30, 30, PAD_ID)
 
 

@@ -43,7 +43,7 @@ def copy_pairs(n: int, seed: int = 0) -> list[tuple[list[int], list[int]]]:
 def tiny_model(seed: int, dropout: float = 0.1) -> nn.Module:
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, dropout=dropout,
-                      max_positions=32, share_embeddings=False)
+                      attention_dropout=0.0, max_positions=32, share_embeddings=False)
     return build_model(cfg, VOCAB, VOCAB, PAD)
 
 
@@ -150,7 +150,8 @@ def train_reversal_model(steps: int = 600, positions: PositionKind = PositionKin
     """
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
-                      max_positions=64, share_embeddings=False, positions=positions, **model_options)
+                      attention_dropout=0.0, max_positions=64, share_embeddings=False, positions=positions,
+                      **model_options)
     model = build_model(cfg, REVERSAL_VOCAB, REVERSAL_VOCAB, PAD)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / steps)

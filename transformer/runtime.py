@@ -72,23 +72,17 @@ def choose_device(name: str) -> torch.device:
 
 
 def resolve_training(cfg: TrainingConfig, device: torch.device) -> TrainingConfig:
-    """``cfg`` with the batch-layout settings left unset (None) filled in for ``device``.
+    """``cfg`` with ``pad_to_multiple``, when unset (None), filled in for ``device``.
 
-    A GPU takes one 4096-position batch per step, padded to multiples of 8 (tensor-core friendly, few distinct
-    shapes), since its cost per step is mostly launching kernels; a CPU takes two 2048-position batches (their
-    activations stay in cache) padded to nothing. Runs record the resolved values, so resuming on another kind
-    of device is refused by key instead of silently changing the batches. ``cuda_graphs`` on another device
-    is refused here, before any work.
+    A GPU pads batch lengths to multiples of 8 (tensor-core friendly, few distinct shapes to plan kernels
+    for); a CPU pads to nothing, since every padded position costs it time. Runs record the resolved value,
+    so resuming on another kind of device is refused by key instead of silently changing the batches.
+    ``cuda_graphs`` on another device is refused here, before any work.
     """
     gpu = device.type == "cuda"
     if cfg.cuda_graphs and not gpu:
         raise ConfigError(f"training.cuda_graphs: needs a CUDA device; this run is on {device}")
-    return replace(
-        cfg,
-        max_tokens=cfg.max_tokens if cfg.max_tokens is not None else (4096 if gpu else 2048),
-        accumulate=cfg.accumulate if cfg.accumulate is not None else (1 if gpu else 2),
-        pad_to_multiple=cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (8 if gpu else 1),
-    )
+    return replace(cfg, pad_to_multiple=cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (8 if gpu else 1))
 
 
 def compile_for_training(module: torch.nn.Module) -> Callable:

@@ -14,7 +14,6 @@ from transformer.batching import TokenBucketSampler, collate
 from transformer.config import AttentionDumpConfig, TrainConfig
 from transformer.inference import translate
 from transformer.metrics import corpus_scores, perplexity
-from transformer.runtime import resolve_training
 from transformer.tokenizer import Tokenizer
 from transformer.tracking import Tracker
 from transformer.visualize import alignment_figure, compute_attention_maps, figure_to_array
@@ -32,7 +31,7 @@ def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenize
     src_ids = [src_tok.encode(text)[: cfg.model.max_positions] for text in valid_src]
     tgt_ids = [tgt_tok.encode(text)[: cfg.model.max_positions - 1] for text in valid_ref]
     sampler = TokenBucketSampler([len(s) for s in src_ids], [len(t) for t in tgt_ids],
-                                 resolve_training(cfg.training, device).max_tokens, seed=0, shuffle=False)
+                                 cfg.training.max_tokens, seed=0, shuffle=False)
     batches = [collate([(src_ids[i], tgt_ids[i]) for i in indices], indices, pad_id=src_tok.pad_id,
                        bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id) for indices in sampler]
     n_bleu = cfg.training.valid_max_sentences or len(valid_src)

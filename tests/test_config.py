@@ -75,7 +75,7 @@ def test_the_measured_recipes_compose_as_documented(compose_config):
     default = OmegaConf.to_object(compose_config("train", RUN))
     half = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_half", *RUN]))
     assert half == default
-    # multi30k_small is the default of sessions 1-10, as its RESULTS rows were trained
+    # multi30k_small is the default before version 0.2, as its RESULTS rows were trained
     small = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_small", *RUN]))
     model, training = small.model, small.training
     assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == (256, 4, 1024, 3, 3)

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from transformer.checkpoint import CheckpointError, CheckpointManager, RunDir, save_checkpoint
 from transformer.config import ConfigError, TrainConfig, TrainingConfig, to_plain_dict
@@ -85,6 +86,20 @@ def test_resume_treats_a_model_key_the_checkpoint_lacks_as_its_default():
     with pytest.raises(ConfigError, match=re.escape("model.attention.score: the checkpoint run/last.pt was trained "
                                                     "with 'scaled_dot', the config says 'additive'")):
         check_resume_config(older, _set(SAVED, "model.attention.score", "additive"), "run/last.pt")
+
+
+def test_a_run_of_the_defaults_before_0_2_resumes_with_their_recipe_named(compose_config):
+    # what a run of the pre-0.2 defaults saved: the small model, two 2048-position batches per step on a CPU
+    before = SAVED
+    for key, value in [("model.d_model", 256), ("model.d_ff", 1024), ("model.n_encoder_layers", 3),
+                       ("model.n_decoder_layers", 3), ("model.attention_dropout", 0.0), ("training.lr", 1e-3),
+                       ("training.max_epochs", 19), ("training.max_tokens", 2048), ("training.accumulate", 2)]:
+        before = _set(before, key, value)
+    with pytest.raises(ConfigError, match=r"needs experiment=multi30k_small added"):
+        check_resume_config(before, SAVED, "run/last.pt")
+    cfg = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_small", "output_dir=/runs/x"]))
+    check_resume_config(before, to_plain_dict(replace(cfg, training=resolve_training(cfg.training, CPU),
+                                                      data=TrainConfig().data)), "run/last.pt")
 
 
 def test_resume_on_another_kind_of_device_is_refused_by_the_resolved_padding():

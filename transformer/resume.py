@@ -63,7 +63,8 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
         if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):
             continue
         if _under(key, RESUME_MUST_MATCH):
-            why = ("resume with the same model settings" if key.startswith("model.") else
+            why = ("resume with the same model settings (a run of the defaults before version 0.2 needs "
+                   "experiment=multi30k_small added)" if key.startswith("model.") else
                    "resume with the same value: it changes the batches or how they form steps, so the run "
                    "would not continue exactly where it stopped")
             raise ConfigError(f"{key}: the checkpoint {path} was trained with {old[key]!r}, "

@@ -39,7 +39,7 @@ tests)
     ;;
 speed)
     bench half train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
-    bench half_graphs training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100
+    bench half_graphs training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
     bench small model=small train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
     bench small_graphs model=small training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
     bench base model=base training.max_tokens=16384 train_steps=100 untimed_steps=10 decode_sentences=100

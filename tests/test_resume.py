@@ -88,18 +88,33 @@ def test_resume_treats_a_model_key_the_checkpoint_lacks_as_its_default():
         check_resume_config(older, _set(SAVED, "model.attention.score", "additive"), "run/last.pt")
 
 
-def test_a_run_of_the_defaults_before_0_2_resumes_with_their_recipe_named(compose_config):
-    # what a run of the pre-0.2 defaults saved: the small model, two 2048-position batches per step on a CPU
+def test_the_refusal_gives_the_overrides_that_continue_the_run_as_trained(compose_config, caplog):
+    # what a run of the defaults before version 0.2 saved: the small model, two 2048-position batches per step
     before = SAVED
     for key, value in [("model.d_model", 256), ("model.d_ff", 1024), ("model.n_encoder_layers", 3),
                        ("model.n_decoder_layers", 3), ("model.attention_dropout", 0.0), ("training.lr", 1e-3),
-                       ("training.max_epochs", 19), ("training.max_tokens", 2048), ("training.accumulate", 2)]:
+                       ("training.max_epochs", 19), ("training.max_tokens", 2048), ("training.accumulate", 2),
+                       ("training.betas", [0.9, 0.99])]:
         before = _set(before, key, value)
-    with pytest.raises(ConfigError, match=r"needs experiment=multi30k_small added"):
+    with pytest.raises(ConfigError) as refusal:
         check_resume_config(before, SAVED, "run/last.pt")
-    cfg = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_small", "output_dir=/runs/x"]))
-    check_resume_config(before, to_plain_dict(replace(cfg, training=resolve_training(cfg.training, CPU),
-                                                      data=TrainConfig().data)), "run/last.pt")
+    message = str(refusal.value)
+    assert message.startswith("model.attention_dropout: the checkpoint run/last.pt was trained with 0.0, the config "
+                              "says 0.1; resume with the same model settings.")
+    hint = message.split("To continue it as it was trained, add: ")[1].split()
+    assert hint == ["model.attention_dropout=0.0", "model.d_ff=1024", "model.d_model=256", "model.n_decoder_layers=3",
+                    "model.n_encoder_layers=3", "training.accumulate=2", "training.max_tokens=2048",
+                    "training.betas=[0.9,0.99]", "training.lr=0.001"]  # refused keys, then optimisation ones
+
+    def resumable(overrides: list[str]) -> None:  # passes, and warns of no changed optimisation setting
+        cfg = OmegaConf.to_object(compose_config("train", [*overrides, "output_dir=/runs/x"]))
+        cfg = replace(cfg, training=resolve_training(cfg.training, CPU), data=TrainConfig().data)
+        caplog.clear()
+        check_resume_config(before, to_plain_dict(cfg), "run/last.pt")
+        assert not caplog.records
+
+    resumable([*hint, "training.max_epochs=19"])  # max_epochs may differ: it is given to stop at the same place
+    resumable(["experiment=multi30k_small", "training.betas=[0.9,0.99]"])  # the old recipe, named
 
 
 def test_resume_on_another_kind_of_device_is_refused_by_the_resolved_padding():

@@ -8,6 +8,7 @@ that change only the optimisation from the resumed step on may differ, with a wa
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,28 +52,50 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
         path: the checkpoint, for the messages.
 
     Raises:
-        ConfigError: naming the first differing key of :data:`RESUME_MUST_MATCH`, both values and why.
+        ConfigError: naming the first differing key of :data:`RESUME_MUST_MATCH`, both values and why, and the
+            overrides that would continue the run as it was trained (every differing key of
+            :data:`RESUME_MUST_MATCH` and :data:`RESUME_WARN`; e.g. a run of the defaults before version 0.2).
     """
     old, new = flatten(saved), flatten(current)
     # A model key the checkpoint lacks came after it was written: it was trained with that key's default.
     model_defaults = flatten(to_plain_dict(ModelConfig()), "model.")
     old.update({key: model_defaults[key] for key in new.keys() - old.keys() if key in model_defaults})
+    refused, changed = [], []
     for key in sorted(old.keys() & new.keys()):  # another key one side lacks (an older schema) is not compared
         if old[key] is None and key.startswith("training."):
             continue  # an older run left the device's default unresolved: it is not known, so not compared
         if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):
             continue
         if _under(key, RESUME_MUST_MATCH):
-            why = ("resume with the same model settings (a run of the defaults before version 0.2 needs "
-                   "experiment=multi30k_small added)" if key.startswith("model.") else
-                   "resume with the same value: it changes the batches or how they form steps, so the run "
-                   "would not continue exactly where it stopped")
-            raise ConfigError(f"{key}: the checkpoint {path} was trained with {old[key]!r}, "
-                              f"the config says {new[key]!r}; {why}")
-        if _under(key, RESUME_WARN):
-            log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
-                        "the new value (same batches, a different optimisation from here on)",
-                        key, path, old[key], new[key])
+            refused.append(key)
+        elif _under(key, RESUME_WARN):
+            changed.append(key)
+    if refused:
+        key = refused[0]
+        why = ("resume with the same model settings" if key.startswith("model.") else
+               "resume with the same value: it changes the batches or how they form steps, so the run "
+               "would not continue exactly where it stopped")
+        as_trained = " ".join(f"{name}={_override_value(old[name])}" for name in refused + changed)
+        raise ConfigError(f"{key}: the checkpoint {path} was trained with {old[key]!r}, the config says "
+                          f"{new[key]!r}; {why}. To continue it as it was trained, add: {as_trained}")
+    for key in changed:
+        log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
+                    "the new value (same batches, a different optimisation from here on)",
+                    key, path, old[key], new[key])
+
+
+def _override_value(value: Any) -> str:
+    """``value`` as Hydra's command-line override grammar writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(item) for item in value) + "]"
+    text = str(value)
+    if isinstance(value, str) and not re.fullmatch(r"[\w./+-]+", text):
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
 
 
 def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, RunDir]:

@@ -122,7 +122,7 @@ def test_resume_on_another_kind_of_device_is_refused_by_the_resolved_padding():
     with pytest.raises(ConfigError, match=r"training\.pad_to_multiple: the checkpoint run/last.pt was trained with 1, "
                                           r"the config says 8"):
         check_resume_config(SAVED, on_gpu, "run/last.pt")
-    # runs before session 11 could also leave max_tokens and accumulate to the device: not known, so not compared
+    # runs before version 0.2 could also leave max_tokens and accumulate to the device: not known, so not compared
     older = _set(_set(SAVED, "training.pad_to_multiple", None), "training.max_tokens", None)
     check_resume_config(older, _set(SAVED, "training.max_tokens", 2048), "run/last.pt")
 

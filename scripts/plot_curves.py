@@ -1,14 +1,17 @@
-"""Plot validation BLEU against training minutes for one or more runs.
+"""Plot validation BLEU against training minutes (or optimizer steps) for one or more runs.
 
     python scripts/plot_curves.py docs/curve.png outputs/train/RUN_A ours=outputs/train/RUN_B \
-        [--tag valid/bleu] [--reference "OpenNMT-py=11:13.4,23:29.6"]
+        [--tag valid/bleu] [--x steps] [--reference "OpenNMT-py=11:13.4,23:29.6"]
+
+Minutes count wall-clock time from a run's first event, so a run resumed after a pause, or runs from machines of
+different speeds, compare better by ``--x steps``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from transformer.curves import Curve, plot_curves, read_curve
+from transformer.curves import X_AXES, Curve, plot_curves, read_curve
 
 
 def main() -> None:
@@ -16,16 +19,18 @@ def main() -> None:
     parser.add_argument("out", help="PNG to write")
     parser.add_argument("runs", nargs="+", help="training run directories; LABEL=DIR names a curve")
     parser.add_argument("--tag", default="valid/bleu", help="TensorBoard scalar to plot")
-    parser.add_argument("--reference", help="a dashed reference curve, LABEL=MIN:VALUE,MIN:VALUE,...")
+    parser.add_argument("--x", choices=sorted(X_AXES), default="minutes", help="the horizontal axis")
+    parser.add_argument("--reference", help="a dashed reference curve, LABEL=X:VALUE,X:VALUE,... (X in --x units)")
     args = parser.parse_args()
     reference = None
     if args.reference:
         label, points = args.reference.split("=", 1)
         pairs = [tuple(map(float, point.split(":"))) for point in points.split(",")]
-        reference = Curve(label, [m for m, _ in pairs], [0] * len(pairs), [v for _, v in pairs])
+        xs = [x for x, _ in pairs]
+        reference = Curve(label, xs, [int(x) for x in xs], [v for _, v in pairs])  # x in either unit
     curves = [read_curve(run.split("=", 1)[-1], args.tag, run.split("=", 1)[0] if "=" in run else None)
               for run in args.runs]
-    print(plot_curves(curves, args.out, ylabel=args.tag, reference=reference))
+    print(plot_curves(curves, args.out, ylabel=args.tag, reference=reference, x=args.x))
 
 
 if __name__ == "__main__":

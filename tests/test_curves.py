@@ -46,3 +46,13 @@ def test_plot_curves_writes_a_png_of_the_figure_size(run_dir: Path, tmp_path: Pa
     assert out == tmp_path / "curve.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.image.imread(out).shape[:2] == (540, 840)  # 4.5 x 7 inches at 120 dpi
+
+
+def test_plot_curves_draws_against_steps_when_asked(run_dir: Path, tmp_path: Path) -> None:
+    curve = read_curve(run_dir, label="ours")
+    by_minutes = plot_curves([curve], tmp_path / "minutes.png")
+    by_steps = plot_curves([curve], tmp_path / "steps.png", x="steps")
+    assert matplotlib.image.imread(by_steps).shape == matplotlib.image.imread(by_minutes).shape
+    assert by_steps.read_bytes() != by_minutes.read_bytes()  # other x values, other axis label
+    with pytest.raises(ValueError, match=r"x must be one of \['minutes', 'steps'\], got 'epochs'"):
+        plot_curves([curve], tmp_path / "epochs.png", x="epochs")

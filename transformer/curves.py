@@ -1,4 +1,5 @@
-"""Training curves from a run's TensorBoard events: validation BLEU against minutes of training."""
+"""Training curves from a run's TensorBoard events: validation BLEU against minutes of training, or against
+optimizer steps (for runs timed on different machines, or resumed after a pause, where minutes mislead)."""
 
 from __future__ import annotations
 
@@ -35,18 +36,23 @@ def read_curve(run_dir: str | Path, tag: str = "valid/bleu", label: str | None =
                  [s.step for s in scalars], [s.value for s in scalars])
 
 
+X_AXES = {"minutes": "minutes of training", "steps": "optimizer steps"}
+
+
 def plot_curves(curves: list[Curve], out: str | Path, ylabel: str = "validation BLEU",
-                reference: Curve | None = None) -> Path:
-    """Draw value-against-minutes lines (and an optional reference curve) into a PNG."""
+                reference: Curve | None = None, x: str = "minutes") -> Path:
+    """Draw value-against-``x`` lines (``minutes`` or ``steps``; an optional dashed reference curve) into a PNG."""
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
     fig = Figure(figsize=(7, 4.5), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for curve in curves:
-        ax.plot(curve.minutes, curve.values, marker="o", markersize=3, label=curve.label)
+        ax.plot(getattr(curve, x), curve.values, marker="o", markersize=3, label=curve.label)
     if reference is not None:
-        ax.plot(reference.minutes, reference.values, linestyle="--", marker="s", color="grey",
+        ax.plot(getattr(reference, x), reference.values, linestyle="--", marker="s", color="grey",
                 label=reference.label)
-    ax.set_xlabel("minutes of training")
+    ax.set_xlabel(X_AXES[x])
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend()

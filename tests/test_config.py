@@ -125,6 +125,11 @@ def test_bad_choice_lists_valid_values(compose_config):
     ("training.n_samples=-1", "training.n_samples"),
     ("training.bpe_dropout=1.0", "training.bpe_dropout"),
     ("training.r_drop=-1", "training.r_drop"),
+    ("training.min_lr=-1e-5", "training.min_lr"),
+    ("training.min_lr=0.1", "training.min_lr"),  # above training.lr: the cosine "decay" would climb
+    ("training.eps=0", "training.eps"),
+    ("training.weight_decay=-0.01", "training.weight_decay"),
+    ("eval.max_len_b=-1", "eval.max_len_b"),
     ("model.max_positions=100", "model.max_positions"),  # data.max_len is 128
 ])
 def test_bad_value_names_the_key(compose_config, override, key):
@@ -160,6 +165,13 @@ def test_custom_data_needs_its_folder(compose_config):
 def test_evaluate_needs_exactly_one_model_source(compose_config):
     with pytest.raises(ConfigError, match="run_dir"):
         OmegaConf.to_object(compose_config("evaluate", RUN))
+
+
+@pytest.mark.parametrize("override", ["attention.max_tokens=0", "attention.indices=[3,-1]"])
+def test_bad_attention_dump_value_names_the_key(compose_config, override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key}:"):
+        OmegaConf.to_object(compose_config("evaluate", ["run_dir=outputs/train/x", override, *RUN]))
 
 
 def test_plain_dict_round_trip():

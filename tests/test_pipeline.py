@@ -241,6 +241,21 @@ def test_resume_continues_in_its_run_directory_and_refuses_other_batches(compose
     assert any("resuming the run in" in line for line in log_lines) and any("test (" in line for line in log_lines)
 
 
+def test_resuming_an_earlier_checkpoint_retrains_the_same_steps(compose_config, toy_corpus, tmp_path):
+    """Back to step 4 of a finished 8-step run: the later checkpoints move aside and the same 4 steps come again."""
+    steps = ["training.max_steps=8", "training.validate_every_steps=4", "training.average_last=0"]
+    _train(compose_config, toy_corpus, tmp_path / "run", *steps)
+    run = RunDir(tmp_path / "run")
+    first = torch.load(run.last, weights_only=True)["model"]
+    again = _train(compose_config, toy_corpus, tmp_path / "elsewhere", *steps,
+                   f"resume={run.checkpoints / 'step_4.pt'}")
+    assert again["train"]["steps"] == 8
+    for name, weight in torch.load(run.last, weights_only=True)["model"].items():
+        assert torch.equal(weight, first[name]), name  # exact resume, from an earlier checkpoint too
+    aside = sorted(p.name for p in (run.checkpoints / "abandoned_after_step_4").iterdir())
+    assert aside[-2:] == ["last.pt", "step_8.pt"] and set(aside) <= {"best.pt", "final.pt", "last.pt", "step_8.pt"}
+
+
 @pytest.mark.slow
 def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
     """The README's smoke command, as a user types it (the run directory goes under tmp_path)."""

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from transformer.checkpoint import CheckpointError, CheckpointManager, RunDir, save_checkpoint
 from transformer.config import ConfigError, TrainConfig, TrainingConfig, to_plain_dict
-from transformer.resume import check_resume_config, load_for_resume, saved_recipe
+from transformer.resume import abandon_later_history, check_resume_config, load_for_resume, saved_recipe
 from transformer.runtime import resolve_training
 
 
@@ -148,4 +148,51 @@ def test_a_runs_recipe_comes_from_its_checkpoint_else_from_hydras_record(tmp_pat
     assert saved_recipe(run.root) == ["model=mini", "data.cache_dir=${data.dir}/c"]  # as typed
     save_checkpoint({**_weights_only(), "recipe": ["model=tiny"]}, run.last)
     assert saved_recipe(run.root) == saved_recipe(run.last) == ["model=tiny"]
-    assert saved_recipe(tmp_path / "elsewhere" / "checkpoints" / "x.pt") is None
+    (tmp_path / "elsewhere" / "checkpoints").mkdir(parents=True)
+    save_checkpoint(_weights_only(), tmp_path / "elsewhere" / "checkpoints" / "x.pt")
+    assert saved_recipe(tmp_path / "elsewhere" / "checkpoints" / "x.pt") is None  # neither kept a recipe
+
+
+def test_resume_names_a_target_that_is_missing_or_outside_a_run(tmp_path):
+    with pytest.raises(ConfigError, match=r"^resume: .*nowhere does not exist"):
+        load_for_resume(tmp_path / "nowhere", SAVED)
+    loose = tmp_path / "copied.pt"  # a checkpoint file outside a run: which run would the resume write into?
+    save_checkpoint({**_weights_only(3), "config": SAVED}, loose)
+    with pytest.raises(ConfigError, match=r"^resume: .*copied.pt is not a run directory nor a checkpoint in a run's "
+                                          r"checkpoints/ folder"):
+        load_for_resume(loose, SAVED)
+
+
+def _history(run: RunDir, steps: list[int], best: int) -> CheckpointManager:
+    """A run's checkpoints folder after validations at ``steps`` (``best`` the best of them), rotated to 3."""
+    manager = CheckpointManager(run.checkpoints, keep_last=3)
+    for step in steps:
+        manager.save({**_weights_only(step), "config": SAVED, "best_step": min(step, best)}, step, is_best=step <= best)
+    return manager
+
+
+def test_resuming_an_earlier_checkpoint_sets_the_later_history_aside(tmp_path):
+    run = RunDir(tmp_path / "run")
+    manager = _history(run, [10, 20, 30, 40], best=40)
+    state, _ = load_for_resume(run.checkpoints / "step_20.pt", SAVED)
+    assert not abandon_later_history(manager, state)
+    kept = sorted(p.name for p in run.checkpoints.glob("*.pt"))
+    assert kept == ["best.pt", "step_20.pt"]  # best.pt is the resumed history's best again: step 20
+    assert torch.load(run.best, weights_only=True)["step"] == 20 and manager.recent(5) == [run.checkpoints / "step_20.pt"]
+    aside = run.checkpoints / "abandoned_after_step_20"
+    assert sorted(p.name for p in aside.iterdir()) == ["best.pt", "last.pt", "step_30.pt", "step_40.pt"]  # nothing lost
+    assert torch.load(aside / "last.pt", weights_only=True)["step"] == 40
+    assert not abandon_later_history(manager, state)  # the history is already the resumed one: nothing to move
+
+
+def test_resuming_when_the_best_checkpoint_was_rotated_away_forgets_the_best_record(tmp_path):
+    run = RunDir(tmp_path / "run")
+    manager = _history(run, [10, 20, 30, 40, 50], best=20)  # step_20.pt rotated away, best.pt still holds step 20
+    state, _ = load_for_resume(run.checkpoints / "step_30.pt", SAVED)
+    assert not abandon_later_history(manager, state)  # best.pt (step 20) belongs to the resumed history: kept
+    assert torch.load(run.best, weights_only=True)["step"] == 20
+    manager = _history(RunDir(tmp_path / "other"), [10, 20, 30, 40, 50], best=50)
+    state, _ = load_for_resume(tmp_path / "other" / "checkpoints" / "step_30.pt", SAVED)
+    state["best_step"] = 10  # the resumed history's best, rotated away long ago
+    assert abandon_later_history(manager, state)
+    assert not manager.best_path.exists()

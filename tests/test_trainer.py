@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from toy_training import copy_pairs, make_trainer, parameters, training_config
+from toy_training import copy_pairs, make_sampler, make_trainer, parameters, training_config
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Schedule
 from transformer.trainer import Trainer, TrainingDiverged
@@ -193,6 +194,66 @@ def test_cosine_without_max_steps_reaches_its_floor_on_the_last_epoch_step(tmp_p
     assert all(a > b for a, b in zip(rates[1:], rates[2:]))  # decays monotonically after warm-up
 
 
+class _GrowingEpochs:
+    """A sampler whose epochs grow by one batch each (as BPE-dropout's differ a little in length)."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler) + self.sampler.epoch
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
+def test_the_schedule_keeps_the_first_epochs_length_also_after_a_resume(tmp_path):
+    cfg = training_config(max_epochs=3, schedule=Schedule.cosine)
+    trainer = make_trainer(tmp_path, cfg, PAIRS, sampler=_GrowingEpochs(make_sampler(PAIRS, cfg)))
+    first_epoch = len(trainer.sampler)
+    trainer.fit()
+    assert trainer.steps_per_epoch == first_epoch + 3  # the sampler now stands at epoch 3
+    assert trainer.schedule_steps == 3 * first_epoch  # not moved by the longer epochs
+    later = _GrowingEpochs(make_sampler(PAIRS, cfg))
+    later.set_epoch(2)
+    resumed = make_trainer(tmp_path, cfg, PAIRS, sampler=later)  # built when the epochs have grown
+    resumed.load_state(load_checkpoint(tmp_path / "checkpoints" / "last.pt"))
+    assert resumed.schedule_steps == 3 * first_epoch
+
+
+def test_each_epochs_last_steps_reach_the_log(tmp_path, caplog):
+    per_epoch = len(make_sampler(PAIRS, training_config()))
+    cfg = training_config(max_epochs=2, log_every_steps=2 * per_epoch + 1)  # no log step comes in the run
+    with caplog.at_level("INFO", logger="transformer.trainer"):
+        make_trainer(tmp_path, cfg, PAIRS).fit()
+    logged = [int(m.group(1)) for r in caplog.records if (m := re.match(r"epoch \d+ step (\d+): loss", r.getMessage()))]
+    assert logged == [per_epoch, 2 * per_epoch]
+
+
+def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
+    make_trainer(tmp_path / "a", training_config(max_steps=3), PAIRS).fit()
+    by_two = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
+    by_two["rng"] = by_two["rng"] * 2  # as two processes write it: one RNG state each
+    with pytest.raises(ValueError, match=r"written by 2 process\(es\) in the middle of epoch 1, this run has 1"):
+        make_trainer(tmp_path / "b", training_config(), PAIRS).load_state(by_two)
+    make_trainer(tmp_path / "c", training_config(max_epochs=1), PAIRS).fit()
+    epoch_end = load_checkpoint(tmp_path / "c" / "checkpoints" / "last.pt")
+    epoch_end["rng"] = epoch_end["rng"] * 2
+    assert epoch_end["sampler"]["position"] == 0
+    resumed = make_trainer(tmp_path / "d", training_config(max_epochs=2), PAIRS)
+    resumed.load_state(epoch_end)  # at an epoch's end: allowed, with fresh seeds and a warning
+    assert resumed.fit().steps == 2 * len(resumed.sampler)
+
+
 def test_max_steps_sets_the_schedule_length(tmp_path):
     cfg = training_config(max_steps=5, max_epochs=50, schedule=Schedule.cosine)
     assert make_trainer(tmp_path, cfg, PAIRS).schedule_steps == 5
@@ -205,7 +266,7 @@ def test_max_steps_sets_the_schedule_length(tmp_path):
 def test_extra_state_is_checked_up_front(tmp_path, extra, error, message):
     t = make_trainer(tmp_path, training_config(), PAIRS)
     with pytest.raises(error, match=message):
-        Trainer(t.model, t.optimizer, t.cfg, dataset=PAIRS, sampler=t.sampler, collate_fn=t.collate_fn, pad_id=0,
+        Trainer(t.model, t.optimizer, t.cfg, dataset=PAIRS, sampler=t.sampler, collate_fn=t.collate_fn,
                 device=t.device, dist=t.dist, tracker=t.tracker, checkpoints=t.checkpoints, validate=t.validate,
                 extra_state=extra)
 

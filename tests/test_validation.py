@@ -52,6 +52,12 @@ def _texts(n: int, seed: int, words: list[str]) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 7))) for _ in range(n)]
 
 
+def _settings(cfg: TrainConfig) -> dict:
+    """make_validator's settings from a root config, as the pipeline passes them."""
+    return dict(training=cfg.training, eval_cfg=cfg.eval, max_positions=cfg.model.max_positions,
+                device=torch.device("cpu"))
+
+
 def _config() -> TrainConfig:
     return TrainConfig(
         data=DataConfig(max_len=50),  # the longest batch must fit max_positions
@@ -88,7 +94,7 @@ def test_loss_ppl_bleu_and_chrf() -> None:
     # references: the model's own greedy output for the scored sentences (so BLEU is 100 exactly when those
     # are the hypotheses scored), other target text for the rest (which only the loss sees)
     ref = hyps + _texts(15 - N_BLEU, 1, [f"w{i}" for i in range(20)])
-    validate = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, cfg, torch.device("cpu"), tracker)
+    validate = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, **_settings(cfg), tracker=tracker)
     model.train()
     metrics = validate(model, 7)
     assert model.training  # the mode is restored
@@ -98,7 +104,7 @@ def test_loss_ppl_bleu_and_chrf() -> None:
     assert metrics["bleu"] == pytest.approx(100.0) and metrics["chrf"] == pytest.approx(100.0)
     # a different reference for one scored sentence lowers both scores to sacreBLEU's values
     ref[0] = "w19 w19 w19 w19 w19 w19"
-    validate = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, cfg, torch.device("cpu"), tracker)
+    validate = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, **_settings(cfg), tracker=tracker)
     metrics = validate(model, 8)
     assert metrics["bleu"] == pytest.approx(BLEU().corpus_score(hyps, [ref[:N_BLEU]]).score)
     assert metrics["chrf"] == pytest.approx(CHRF().corpus_score(hyps, [ref[:N_BLEU]]).score)
@@ -119,7 +125,7 @@ def test_samples_and_the_alignment_of_the_first_sentence_are_logged(monkeypatch)
         return real(model, src_ids, tgt_ids, **kwargs)
 
     monkeypatch.setattr(validation, "compute_attention_maps", recording)
-    validation.make_validator(src, ref, SRC_TOK, TGT_TOK, cfg, torch.device("cpu"), tracker)(model, 11)
+    validation.make_validator(src, ref, SRC_TOK, TGT_TOK, **_settings(cfg), tracker=tracker)(model, 11)
     (tag, table, step), = tracker.texts
     rows = table.splitlines()
     assert (tag, step) == ("valid/samples", 11)
@@ -137,5 +143,5 @@ def test_a_disabled_tracker_draws_nothing(monkeypatch) -> None:
     monkeypatch.setattr(validation, "compute_attention_maps", lambda *a, **k: pytest.fail("drew a figure"))
     tracker = RecordingTracker(enabled=False)
     src, ref = _texts(4, 0, SRC_WORDS), _texts(4, 1, [f"w{i}" for i in range(20)])
-    metrics = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, _config(), torch.device("cpu"), tracker)(_model(), 1)
+    metrics = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, **_settings(_config()), tracker=tracker)(_model(), 1)
     assert set(metrics) == {"loss", "ppl", "bleu", "chrf"} and tracker.writer.images == []

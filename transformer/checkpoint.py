@@ -39,10 +39,11 @@ import torch
 CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
     "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
-    "bad_validations", "last_valid_step", "last_metrics", "train_seconds", "reason",
+    "bad_validations", "last_valid_step", "last_metrics", "train_seconds", "epoch_steps",
+    "reason",
 })
 # Keys a resume can do without: informational, or added after the first checkpoints were written.
-OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds"})
+OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds", "epoch_steps"})
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU
@@ -254,6 +255,34 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         """``last.pt`` if it exists."""
         return self.last_path if self.last_path.is_file() else None
+
+    def mark_best(self, path: Path) -> None:
+        """Make ``best.pt`` the checkpoint ``path`` (one of this folder's)."""
+        _link_atomically(path, self.best_path)
+        _fsync_directory(self.directory)
+
+    def set_aside_after(self, step: int) -> Path | None:
+        """Move every checkpoint of a step after ``step`` (rotated, ``last.pt``, ``best.pt``, ``final.pt``) into
+        ``abandoned_after_step_{step}/``: what resuming from an earlier checkpoint than the run's last does, so
+        that rotation, averaging and ``best.pt`` see the resumed history only. Nothing is deleted. Returns the
+        folder, or None when no checkpoint is newer than ``step``."""
+        later = [path for path in self.step_paths() if int(_STEP_FILE.match(path.name).group(1)) > step]
+        for name in (LAST_FILE, BEST_FILE, FINAL_FILE):
+            path = self.directory / name
+            if path.is_file() and int(load_checkpoint(path, mmap=True)["step"]) > step:
+                later.append(path)
+        if not later:
+            return None
+        folder = self.directory / f"abandoned_after_step_{step}"
+        n = 1
+        while folder.exists():  # an earlier resume from the same step abandoned another history
+            n += 1
+            folder = self.directory / f"abandoned_after_step_{step}.{n}"
+        folder.mkdir()
+        for path in later:
+            os.replace(path, folder / path.name)
+        _fsync_directory(self.directory)
+        return folder
 
     def _rotate(self) -> None:
         paths = self.step_paths()

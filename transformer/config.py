@@ -298,6 +298,9 @@ class TrainingConfig:
                f"must be > 0 or null, got {self.save_every_minutes}")
         _check(self.lr > 0, "training.lr", f"must be > 0, got {self.lr}")
         _check(self.warmup_steps >= 0, "training.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _check(0.0 <= self.min_lr <= self.lr, "training.min_lr", f"must be in [0, training.lr={self.lr}], got {self.min_lr}")
+        _check(self.eps > 0, "training.eps", f"must be > 0, got {self.eps}")
+        _check(self.weight_decay >= 0, "training.weight_decay", f"must be >= 0, got {self.weight_decay}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "training.betas",
                f"must be two numbers in [0, 1), got {list(self.betas)}")
         _check(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
@@ -343,9 +346,10 @@ class EvalConfig:
         _check(1 <= self.n_best <= self.beam_size, "eval.n_best",
                f"must be in [1, eval.beam_size={self.beam_size}], got {self.n_best}")
         _check(self.length_penalty >= 0, "eval.length_penalty", f"must be >= 0, got {self.length_penalty}")
-        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "eval.max_len_a",
-               "max_len_a and max_len_b must be >= 0")
-        _check(self.max_len_a > 0 or self.max_len_b > 0, "eval.max_len_b", "max length would be 0")
+        _check(self.max_len_a >= 0, "eval.max_len_a", f"must be >= 0, got {self.max_len_a}")
+        _check(self.max_len_b >= 0, "eval.max_len_b", f"must be >= 0, got {self.max_len_b}")
+        _check(self.max_len_a > 0 or self.max_len_b > 0, "eval.max_len_b",
+               "eval.max_len_a and eval.max_len_b are both 0: no hypothesis could hold a token")
         _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size",
                f"must be >= 1 or null, got {self.batch_size}")
 
@@ -358,6 +362,10 @@ class AttentionDumpConfig:
     texts: list[str] = field(default_factory=list)
     on_reference: bool = False  # also teacher-force on the reference translation
     max_tokens: int = 48  # longer sentences are cut for the figures
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens >= 1, "attention.max_tokens", f"must be >= 1, got {self.max_tokens}")
+        _check(all(i >= 0 for i in self.indices), "attention.indices", f"must be >= 0, got {list(self.indices)}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -80,9 +80,6 @@ def format_scores(scores: Scores) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-# --------------------------------------------------------------------------------------------------
-
-
 def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
               device: torch.device | str, max_src_len: int, progress: bool = False) -> list[list[str]]:
     """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order.

@@ -41,7 +41,7 @@ from transformer.inference import translate as translate_texts
 from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
-from transformer.resume import load_for_resume
+from transformer.resume import abandon_later_history, load_for_resume
 from transformer.runtime import (
     choose_device,
     configure_threads,
@@ -82,15 +82,14 @@ def prepare_data(cfg: PrepareDataConfig) -> None:
              len(train_set.src_tokens), len(train_set.tgt_tokens), src_tok.vocab_size, tgt_tok.vocab_size)
 
 
-def build_training_data(cfg: TrainConfig, run_dir: Path, dist: DistContext,
+def build_training_data(cfg: TrainConfig, dist: DistContext,
                         saved_tokenizers: dict[str, Any] | None = None
                         ) -> tuple[Tokenizer, Tokenizer, TranslationDataset]:
     """The tokenizers (a resumed run's ``saved_tokenizers``, else cached or trained) and the cleaned,
     encoded training split memory-mapped from ``data.cache_dir``.
 
     Rank 0 builds whatever the cache lacks while the other ranks wait; then every rank maps the same
-    read-only files, so the corpus occupies the page cache once per machine. ``run_dir`` is not used any
-    more (tokenizers live in the cache and travel in checkpoints); it stays for the callers.
+    read-only files, so the corpus occupies the page cache once per machine.
     """
     tokenizers = None
     if saved_tokenizers is not None:
@@ -108,9 +107,10 @@ def build_training_data(cfg: TrainConfig, run_dir: Path, dist: DistContext,
 # --------------------------------------------------------------------------------------------------
 
 
-def _start_run(cfg: TrainConfig) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
+def _start_run(cfg: TrainConfig, dist: DistContext) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
     """Checks before any work, then the checkpoint to resume (checked against ``cfg``; None for a new run)
-    and the run directory to write into: ``output_dir``, or the resumed run's own directory."""
+    and the run directory to write into: ``output_dir``, or the resumed run's own directory (whose checkpoints
+    of later steps are moved aside when an earlier one is resumed)."""
     configure_threads(cfg.training.threads)
     set_deterministic(cfg.training.deterministic)
     seed_everything(cfg.training.seed)
@@ -123,6 +123,9 @@ def _start_run(cfg: TrainConfig) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
                               "(output_dir=... or hydra.run.dir=...)")
     else:
         resumed, run = load_for_resume(cfg.resume, to_plain_dict(cfg))
+        checkpoints = ckpt.CheckpointManager(run.checkpoints, cfg.training.keep_last)
+        if broadcast_object(abandon_later_history(checkpoints, resumed) if dist.is_main else None):
+            resumed.update(best_bleu=None, best_step=None, bad_validations=0, last_valid_step=None)
     run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
     run.root.mkdir(parents=True, exist_ok=True)
     return resumed, run
@@ -160,7 +163,7 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
     dist = init_distributed(choose_device(cfg.device))
     cfg = replace(cfg, training=resolve_training(cfg.training, dist.device))  # what the run records
     try:
-        resumed, run = _start_run(cfg)
+        resumed, run = _start_run(cfg, dist)
         with _log_into(run.log_file if resumed is not None and dist.is_main else None):
             metrics = _train(cfg, dist, resumed, run, recipe)
         dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
@@ -173,7 +176,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
            recipe: list[str] | None) -> dict[str, Any]:
     if resumed is not None:
         log.info("resuming the run in %s at step %d; its log and checkpoints continue there", run.root, resumed["step"])
-    src_tok, tgt_tok, train_set = build_training_data(cfg, run.root, dist,
+    src_tok, tgt_tok, train_set = build_training_data(cfg, dist,
                                                       resumed["tokenizers"] if resumed else None)
     valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
     load_split(cfg.data, cfg.data.test_split)  # a missing or broken test split stops the run now, not after training
@@ -188,7 +191,8 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     log.info("model: %.2fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
 
     tracker = Tracker(run.tensorboard, enabled=dist.is_main)
-    validate = make_validator(valid_src, valid_ref, src_tok, tgt_tok, cfg, dist.device, tracker)
+    validate = make_validator(valid_src, valid_ref, src_tok, tgt_tok, training=cfg.training, eval_cfg=cfg.eval,
+                              max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
     trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
     if resumed is not None:
         trainer.load_state(resumed)
@@ -233,7 +237,7 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
     return Trainer(
         model, build_optimizer(model, cfg.training), cfg.training,
         dataset=train_set, sampler=sampler, collate_fn=collate_fn,
-        pad_id=tgt_tok.pad_id, device=dist.device, dist=dist, tracker=tracker,
+        device=dist.device, dist=dist, tracker=tracker,
         checkpoints=ckpt.CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
         validate=validate, extra_state=_extra_state(cfg, src_tok, tgt_tok, recipe),
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
+from transformer.checkpoint import CheckpointError, CheckpointManager, RunDir, load_checkpoint
 from transformer.config import ConfigError, ModelConfig, flatten, to_plain_dict
 
 log = logging.getLogger(__name__)
@@ -116,11 +116,44 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
     return state, run
 
 
+def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any]) -> bool:
+    """Resuming from an earlier checkpoint than the run's newest abandons the steps after it: move their
+    checkpoints aside (nothing is deleted), so that rotation, averaging and ``best.pt`` hold the resumed history
+    only, and point ``best.pt`` at that history's best checkpoint again. Call it on one process.
+
+    Returns:
+        Whether that best checkpoint is gone (rotated away since): the resumed state's best record must then
+        be forgotten, and the next validation sets a new one.
+    """
+    step, best_step = int(state["step"]), state["best_step"]
+    folder = checkpoints.set_aside_after(step)
+    if folder is None:
+        return False
+    log.warning("resuming at step %d, before the run's newest checkpoints: those of later steps are moved to %s",
+                step, folder)
+    if best_step is None or checkpoints.best_path.is_file():
+        return False
+    kept = checkpoints.directory / f"step_{best_step}.pt"
+    if kept.is_file():
+        checkpoints.mark_best(kept)
+        return False
+    log.warning("the resumed history's best checkpoint (step %d) was rotated away: the next validation sets a "
+                "new best", best_step)
+    return True
+
+
 def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
     """The run directory and checkpoint file that ``resume=target`` (a run directory or a checkpoint) means."""
     target = Path(target)
-    run = RunDir(target) if target.is_dir() else RunDir(target.parent.parent)
-    return run, run.last if target.is_dir() else target
+    if not target.exists():
+        raise ConfigError(f"resume: {target} does not exist; give a run directory or RUN/checkpoints/FILE.pt")
+    if target.is_dir():
+        run = RunDir(target)
+        return run, run.last
+    if target.parent.name != "checkpoints":
+        raise ConfigError(f"resume: {target} is not a run directory nor a checkpoint in a run's checkpoints/ folder "
+                          "(the resumed run writes into that run); give the run directory, or RUN/checkpoints/FILE.pt")
+    return RunDir(target.parent.parent), target
 
 
 def saved_recipe(target: str | Path) -> list[str] | None:

@@ -98,7 +98,6 @@ class Trainer:
         dataset: Sequence[tuple[list[int], list[int]]],
         sampler: SamplerLike,
         collate_fn: Callable[[list[int]], BatchLike],
-        pad_id: int,
         device: torch.device,
         dist: DistContext,
         tracker: Tracker,
@@ -118,7 +117,6 @@ class Trainer:
         self.dataset = dataset
         self.sampler = sampler
         self.collate_fn = collate_fn
-        self.pad_id = pad_id
         self.device = device
         self.dist = dist
         self.tracker = tracker
@@ -126,6 +124,7 @@ class Trainer:
         self.validate = validate
         self.extra_state = extra_state
         self._step = TrainStep(self.model, optimizer, cfg, device, dist)
+        self._epoch_steps = self.steps_per_epoch  # the first epoch's, for the schedule; kept in checkpoints
         self._check_every = 1 if device.type == "cpu" else cfg.log_every_steps  # steps between device-to-host reads
         self._sampler_state = sampler.state_dict()  # as of the last batch trained on (the sampler may run ahead)
         self._last_save = time.monotonic()
@@ -151,17 +150,18 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps in one epoch (``accumulate`` batches each; the last step may take fewer)."""
+        """Optimizer steps in the current epoch (``accumulate`` batches each; the last step may take fewer)."""
         return math.ceil(len(self.sampler) / self.cfg.accumulate)
 
     @property
     def schedule_steps(self) -> int:
         """The step at which a decaying schedule (cosine) reaches ``min_lr``: ``max_steps`` when given, else
-        the last step of ``max_epochs``. A ``max_minutes`` stop comes before that, with the rate not yet at
-        its floor."""
+        ``max_epochs`` times the first epoch's steps (BPE-dropout epochs differ a little in length; the
+        schedule must not move with them). A ``max_minutes`` stop comes before that, with the rate not yet
+        at its floor."""
         if self.cfg.max_steps is not None:
             return self.cfg.max_steps
-        return self.cfg.max_epochs * self.steps_per_epoch
+        return self.cfg.max_epochs * self._epoch_steps
 
     # ---------------------------------------------------------------------------------------------
     # State
@@ -184,6 +184,7 @@ class Trainer:
             "last_valid_step": self.last_valid_step,
             "last_metrics": dict(self.last_metrics),
             "train_seconds": self.train_seconds,
+            "epoch_steps": self._epoch_steps,
         }
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
@@ -191,6 +192,13 @@ class Trainer:
         missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
         if missing:
             raise KeyError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
+        rng = checkpoint["rng"]  # one state per process that wrote it
+        if len(rng) != self.dist.world_size and checkpoint["sampler"]["position"] > 0:
+            raise ValueError(
+                f"the checkpoint was written by {len(rng)} process(es) in the middle of epoch {checkpoint['epoch'] + 1}, "
+                f"this run has {self.dist.world_size}: an epoch's batches are shared out by process, so where the "
+                f"rest of it lies depends on their number. Resume with {len(rng)} process(es), or from a checkpoint "
+                "written at an epoch's end (the validations' step_N.pt with training.validate_every_steps=null)")
         self.model.load_state_dict(checkpoint["model"])
         self._step.load_optimizer_state(checkpoint["optimizer"])
         self.step = int(checkpoint["step"])
@@ -204,7 +212,7 @@ class Trainer:
         self.last_valid_step = checkpoint["last_valid_step"]
         self.last_metrics = dict(checkpoint.get("last_metrics", {}))
         self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
-        rng = checkpoint["rng"]
+        self._epoch_steps = int(checkpoint.get("epoch_steps", self._epoch_steps))
         if len(rng) == self.dist.world_size:
             self._pending_rng, self._start_seed = rng[self.dist.rank], None
         else:
@@ -327,7 +335,7 @@ class Trainer:
                 reason = self._after_step(window, bar)
                 if reason is not None:
                     return reason
-            self._check(window, bar)  # the epoch's last steps are read before validation or a checkpoint
+            self._check(window, bar, log_now=True)  # the epoch's last steps, before validation or a checkpoint
         finally:
             if isinstance(batches, Prefetcher):
                 batches.close()
@@ -347,9 +355,10 @@ class Trainer:
             self.save_now("interrupt")
             raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {self.checkpoints.last_path}")
         if validate:
+            started = time.perf_counter()
             if self._validate_and_save():
                 return "early_stopping"
-            window.started = time.perf_counter()
+            window.started += time.perf_counter() - started  # the window's tokens/s counts training time only
         elif (save or reading.save_due) and not last:  # at the last step the final validation saves
             self.save_now("scheduled")
         if last:
@@ -375,9 +384,9 @@ class Trainer:
         minutes = self.cfg.save_every_minutes
         return minutes is not None and time.monotonic() - self._last_save >= minutes * 60.0
 
-    def _check(self, window: StepWindow, bar: ProgressBar) -> Reading:
+    def _check(self, window: StepWindow, bar: ProgressBar, log_now: bool = False) -> Reading:
         """Read the window and the flags (one wait for the device), stop on divergence, and log when a log step
-        has come."""
+        has come (or ``log_now``: the steps since the last log line would be lost to the log otherwise)."""
         reading = window.read(interrupt=self._interrupt_requested, late=self._out_of_time(),
                               save_due=self._save_due_by_time(), world_size=self.dist.world_size)
         if reading.nonfinite_steps > 0 or not math.isfinite(reading.loss_sum):
@@ -388,7 +397,7 @@ class Trainer:
                 f"({self.checkpoints.last_path}) was not overwritten; lower training.lr, raise "
                 "training.warmup_steps or set training.clip_grad_norm."
             )
-        if self.step % self.cfg.log_every_steps == 0 and reading.tokens > 0:
+        if (log_now or self.step % self.cfg.log_every_steps == 0) and reading.tokens > 0:
             self._log(reading, window, bar)
         return reading
 

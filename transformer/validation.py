@@ -4,38 +4,38 @@ translations, a few sample translations and the attention maps of one fixed sent
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from transformer.batching import TokenBucketSampler, collate
-from transformer.config import AttentionDumpConfig, TrainConfig
+from transformer.config import AttentionDumpConfig, EvalConfig, TrainingConfig
 from transformer.inference import translate
 from transformer.metrics import corpus_scores, perplexity
 from transformer.tokenizer import Tokenizer
 from transformer.tracking import Tracker
+from transformer.trainer import ValidateFn
 from transformer.visualize import alignment_figure, compute_attention_maps, figure_to_array
 
-Validator = Callable[[nn.Module, int], dict[str, float]]
 
-
-def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                   cfg: TrainConfig, device: torch.device, tracker: Tracker) -> Validator:
+def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, *,
+                   training: TrainingConfig, eval_cfg: EvalConfig, max_positions: int, device: torch.device,
+                   tracker: Tracker) -> ValidateFn:
     """Build ``validate(model, step) -> {"loss", "ppl", "bleu", "chrf"}`` for the trainer.
 
-    The loss is the plain (unsmoothed) cross-entropy per target token over the whole validation set;
-    BLEU/chrF come from greedy translations of the first ``training.valid_max_sentences`` sentences.
+    The loss is the plain (unsmoothed) cross-entropy per target token over the whole validation set, in
+    batches of ``training.max_tokens``; BLEU/chrF come from greedy translations (``eval_cfg``'s limits) of
+    the first ``training.valid_max_sentences`` sentences. ``max_positions``: the model's.
     """
-    src_ids = [src_tok.encode(text)[: cfg.model.max_positions] for text in valid_src]
-    tgt_ids = [tgt_tok.encode(text)[: cfg.model.max_positions - 1] for text in valid_ref]
+    src_ids = [src_tok.encode(text)[:max_positions] for text in valid_src]
+    tgt_ids = [tgt_tok.encode(text)[: max_positions - 1] for text in valid_ref]
     sampler = TokenBucketSampler([len(s) for s in src_ids], [len(t) for t in tgt_ids],
-                                 cfg.training.max_tokens, seed=0, shuffle=False)
-    batches = [collate([(src_ids[i], tgt_ids[i]) for i in indices], indices, pad_id=src_tok.pad_id,
+                                 training.max_tokens, seed=0, shuffle=False)
+    batches = [collate([(src_ids[i], tgt_ids[i]) for i in indices], indices, pad_id=tgt_tok.pad_id,
                        bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id) for indices in sampler]
-    n_bleu = cfg.training.valid_max_sentences or len(valid_src)
-    greedy = replace(cfg.eval, beam_size=1, n_best=1)
+    n_bleu = training.valid_max_sentences or len(valid_src)
+    greedy = replace(eval_cfg, beam_size=1, n_best=1)
     figure_tokens = AttentionDumpConfig().max_tokens  # cut as transformer-evaluate cuts its attention figures
 
     @torch.inference_mode()
@@ -50,9 +50,9 @@ def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenize
                                    ignore_index=tgt_tok.pad_id, reduction="sum").item()
             n_tokens += batch.n_tgt_tokens
         hypotheses = [nbest[0] for nbest in translate(model, valid_src[:n_bleu], src_tok, tgt_tok, greedy,
-                                                       device, cfg.model.max_positions)]
+                                                       device, max_positions)]
         scores = corpus_scores(hypotheses, valid_ref[:n_bleu])
-        _log_samples(tracker, valid_src, valid_ref, hypotheses, cfg.training.n_samples, step)
+        _log_samples(tracker, valid_src, valid_ref, hypotheses, training.n_samples, step)
         _log_attention(tracker, model, src_tok, tgt_tok, valid_src[0], hypotheses[0], step, figure_tokens)
         model.train(was_training)
         n_tokens = max(n_tokens, 1)

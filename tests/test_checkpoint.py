@@ -152,7 +152,7 @@ def _checkpoints_with_best_at_step_2(folder) -> None:
 def test_final_weights_keep_the_average_only_when_it_validates_higher(tmp_path, averaged_bleu, expected):
     _checkpoints_with_best_at_step_2(tmp_path)
     seen = []
-    final = choose_final_weights(tmp_path, keep_last=3, average_last=3,
+    final = choose_final_weights(tmp_path, average_last=3,
                                  validate=lambda weights: seen.append(weights["w"][0, 0].item()) or averaged_bleu)
     assert seen == [3.0]  # validated once, on the mean of steps 2, 3, 4
     assert final.source == expected
@@ -163,7 +163,7 @@ def test_final_weights_keep_the_average_only_when_it_validates_higher(tmp_path, 
 @pytest.mark.parametrize("average_last", [0, 1])
 def test_final_weights_without_averaging_are_best_and_not_validated(tmp_path, average_last):
     _checkpoints_with_best_at_step_2(tmp_path)
-    final = choose_final_weights(tmp_path, keep_last=3, average_last=average_last,
+    final = choose_final_weights(tmp_path, average_last=average_last,
                                  validate=lambda weights: pytest.fail("no averaged weights to validate"))
     assert (final.source, final.valid_bleu, final.weights["w"][0, 0].item()) == ("best (step 2)", 20.0, 2.0)
 

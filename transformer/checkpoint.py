@@ -343,7 +343,7 @@ class FinalWeights:
     valid_bleu: float
 
 
-def choose_final_weights(folder: str | Path, keep_last: int, average_last: int,
+def choose_final_weights(folder: str | Path, average_last: int,
                          validate: Callable[[dict[str, torch.Tensor]], float]) -> FinalWeights:
     """``best.pt``, or the average of the newest ``average_last`` step checkpoints when that validates higher.
 
@@ -352,12 +352,12 @@ def choose_final_weights(folder: str | Path, keep_last: int, average_last: int,
 
     Args:
         folder: a run's ``checkpoints/`` folder.
-        keep_last, average_last: ``training.keep_last`` and ``training.average_last`` (0 or 1: best only).
+        average_last: ``training.average_last`` (0 or 1: best only).
         validate: state dict -> validation BLEU; called once, on the averaged weights.
     """
     best = load_checkpoint(Path(folder) / BEST_FILE, map_location="cpu")
     chosen = FinalWeights(best["model"], f"best (step {best['step']})", float(best["best_bleu"]))
-    paths = CheckpointManager(folder, keep_last).recent(average_last) if average_last > 1 else []
+    paths = CheckpointManager(folder, keep_last=max(average_last, 1)).recent(average_last) if average_last > 1 else []
     if len(paths) < 2:
         return chosen
     averaged = FinalWeights(average_checkpoints(paths), f"average of the last {len(paths)} checkpoints", 0.0)

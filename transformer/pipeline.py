@@ -269,8 +269,7 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
         model.load_state_dict(weights)
         return validate(model, step)["bleu"]
 
-    final = ckpt.choose_final_weights(run.checkpoints, cfg.training.keep_last, cfg.training.average_last,
-                                      validate_weights)
+    final = ckpt.choose_final_weights(run.checkpoints, cfg.training.average_last, validate_weights)
     model.load_state_dict(final.weights)
     ckpt.save_model(final.weights, ckpt.load_checkpoint(run.last, map_location="cpu"), run.final, source=final.source)
 

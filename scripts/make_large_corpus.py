@@ -45,6 +45,8 @@ def _open_out(path: Path, compress: bool) -> BinaryIO:
 
 def write_corpus(out: Path, source: Path, langs: tuple[str, str], times: int, compress: bool) -> None:
     """Write ``train`` repeated ``times`` times and single copies of ``val`` and ``test`` into ``out``."""
+    if out.resolve() == source.resolve():
+        raise SystemExit(f"{out}: is the source corpus itself; write the large corpus into another folder")
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".gz" if compress else ""
     for written, name in _SPLITS.items():

@@ -73,6 +73,13 @@ def test_average_passes_inputs_and_output_in_order(monkeypatch) -> None:
     assert calls == [(["a.pt", "b.pt", "c.pt"], "avg.pt")]
 
 
+def test_average_of_a_missing_checkpoint_is_one_line(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(sys, "argv", ["transformer-average", str(tmp_path / "avg.pt"), str(tmp_path / "a.pt"),
+                                      str(tmp_path / "b.pt")])
+    with pytest.raises(SystemExit, match=r"^transformer-average: checkpoint .*a\.pt does not exist"):
+        cli.average_main()
+
+
 @pytest.mark.parametrize("argv", [["transformer-average"], ["transformer-average", "avg.pt", "a.pt"]])
 def test_average_needs_an_output_and_two_inputs(monkeypatch, argv) -> None:
     monkeypatch.setattr(pipeline, "average", lambda paths, out: pytest.fail("must not average"))

@@ -167,9 +167,10 @@ def test_evaluate_needs_exactly_one_model_source(compose_config):
         OmegaConf.to_object(compose_config("evaluate", RUN))
 
 
-@pytest.mark.parametrize("override", ["attention.max_tokens=0", "attention.indices=[3,-1]"])
-def test_bad_attention_dump_value_names_the_key(compose_config, override):
-    key = override.split("=")[0]
+@pytest.mark.parametrize("override, key", [("attention.max_tokens=0", "attention.max_tokens"),
+                                           ("attention.indices=[3,-1]", "attention.indices"),
+                                           ("attention.texts=['a dog .',' ']", r"attention.texts\[1\]")])
+def test_bad_attention_dump_value_names_the_key(compose_config, override, key):
     with pytest.raises(ConfigError, match=f"^{key}:"):
         OmegaConf.to_object(compose_config("evaluate", ["run_dir=outputs/train/x", override, *RUN]))
 

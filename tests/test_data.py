@@ -6,6 +6,8 @@ import gzip
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +36,8 @@ from transformer.data import (
     read_parallel,
 )
 from transformer.tokenizer import WordTokenizer
+
+from conftest import REPO, write_toy_corpus
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
 needs_multi30k = pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
@@ -264,3 +268,13 @@ def test_corrupted_file_already_in_target_is_reported(tmp_path):
 def test_unknown_multi30k_file_without_checksum_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"test_2017_mscoco\.cs\.gz: not found, and no checksum is known"):
         prepare_multi30k(tmp_path, langs=("cs",), splits=("test_2017_mscoco",))
+
+
+def test_the_large_corpus_script_refuses_to_write_over_its_source(tmp_path):
+    source = write_toy_corpus(tmp_path / "toy")
+    before = {p.name: p.read_bytes() for p in source.iterdir()}
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "make_large_corpus.py"), str(source),
+                          "--source", str(source), "--src", "src", "--tgt", "tgt"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "is the source corpus itself" in out.stderr
+    assert {p.name: p.read_bytes() for p in source.iterdir()} == before

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer.corpus_files import MULTI30K_SHA256, prepare_multi30k
+from transformer.corpus_files import MULTI30K_SHA256, download_file, prepare_multi30k
 from transformer.data import DataError
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
@@ -112,3 +112,10 @@ def test_unreachable_server_is_reported(tmp_path):
     with pytest.raises(DataError, match=r"downloading http://127\.0\.0\.1:9/val\.en\.gz failed"):
         prepare_multi30k(tmp_path, langs=("en",), splits=("val",), base_url="http://127.0.0.1:9", timeout=5)
     assert _names(tmp_path) == []
+
+
+def test_a_local_write_failure_is_not_called_a_download_failure(server, tmp_path):
+    dest = tmp_path / "no such folder" / "val.en.gz"
+    with pytest.raises(DataError, match=r"no such folder/val\.en\.gz: cannot write the file here") as info:
+        download_file(f"{server}/good/val.en.gz", dest, MULTI30K_SHA256["val.en.gz"])
+    assert "downloading" not in str(info.value)

@@ -142,6 +142,18 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
         vector_dim(tmp_path / "nope.txt")
 
 
+def test_an_unreadable_file_names_it(tmp_path: Path) -> None:
+    truncated = tmp_path / "vectors.txt.gz"
+    truncated.write_bytes(gzip.compress(b"a 0.1 0.2\nb 0.3 0.4\n" * 50)[:40])
+    not_zip = tmp_path / "vectors.zip"
+    not_zip.write_text("a 0.1 0.2\n", encoding="utf-8")
+    folder = tmp_path / "vectors.txt"
+    folder.mkdir()
+    for path in (truncated, not_zip, folder):
+        with pytest.raises(GloveError, match=rf"^{re.escape(str(path))}: cannot read the vector file"):
+            read_vectors(path)
+
+
 @pytest.mark.skipif(not REAL_GLOVE.exists(), reason=f"{REAL_GLOVE} is absent")
 def test_real_glove_file() -> None:
     assert vector_dim(REAL_GLOVE) == 50

@@ -235,7 +235,7 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device).eval()
         data = cfg.data
     src, _ = load_split(data, data.test_split)
-    src = src[: cfg.decode_sentences] if cfg.decode_sentences else src
+    src = src[: cfg.decode_sentences] if cfg.decode_sentences is not None else src
     rows = []
     for beam in sorted({1, cfg.eval.beam_size}):
         for use_cache in (True, False):

@@ -151,4 +151,7 @@ def average_main() -> None:
 
     if len(sys.argv) < 4:
         sys.exit("usage: transformer-average OUT.pt IN1.pt IN2.pt [...]")
-    pipeline.average(sys.argv[2:], sys.argv[1])
+    try:
+        pipeline.average(sys.argv[2:], sys.argv[1])
+    except _user_errors() as error:
+        sys.exit(f"transformer-average: {error}")

@@ -366,6 +366,8 @@ class AttentionDumpConfig:
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "attention.max_tokens", f"must be >= 1, got {self.max_tokens}")
         _check(all(i >= 0 for i in self.indices), "attention.indices", f"must be >= 0, got {list(self.indices)}")
+        for i, text in enumerate(self.texts):
+            _check(bool(text.strip()), f"attention.texts[{i}]", "is empty: there is nothing to draw attention for")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -481,6 +483,8 @@ class BenchmarkConfig:
         _check(self.profile_steps >= 0, "profile_steps", f"must be >= 0, got {self.profile_steps}")
         _check(self.train_steps > 0, "train_steps", f"must be > 0, got {self.train_steps}")
         _check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
+        _check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
+               f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
 
 
 def register_configs() -> None:

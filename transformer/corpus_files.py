@@ -84,13 +84,19 @@ def _write_verified(dest: Path, chunks: Iterable[bytes], expected: str, origin: 
     Returns:
         The number of bytes written.
     """
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    except OSError as err:
+        raise _cannot_write(dest, err) from err
     tmp = Path(tmp_name)
     try:
         digest, size = hashlib.sha256(), 0
         with os.fdopen(fd, "wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
+            for chunk in chunks:  # reading may fail too: the caller names the origin for that
+                try:
+                    out.write(chunk)
+                except OSError as err:
+                    raise _cannot_write(dest, err) from err
                 digest.update(chunk)
                 size += len(chunk)
         if digest.hexdigest() != expected:
@@ -102,6 +108,10 @@ def _write_verified(dest: Path, chunks: Iterable[bytes], expected: str, origin: 
         return size
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _cannot_write(dest: Path, err: OSError) -> DataError:
+    return DataError(f"{dest}: cannot write the file here ({err}); check the folder's permissions and free space")
 
 
 def _read_chunks(handle: BinaryIO) -> Iterator[bytes]:
@@ -160,8 +170,11 @@ def _fetch_multi30k_file(name: str, target: Path, source_dir: Path | None, base_
     local = source_dir / name if source_dir is not None else None
     if local is not None and local.is_file():
         logger.info("copying %s -> %s", local, dest)
-        with open(local, "rb") as handle:
-            _write_verified(dest, _read_chunks(handle), expected, str(local))
+        try:
+            with open(local, "rb") as handle:
+                _write_verified(dest, _read_chunks(handle), expected, str(local))
+        except OSError as err:  # writing errors are already DataErrors naming dest
+            raise DataError(f"{local}: cannot read the file ({err})") from err
         return
     if local is not None:
         logger.info("%s not found; downloading instead", local)

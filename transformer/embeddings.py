@@ -74,7 +74,6 @@ class Embeddings(nn.Module):
                  dropout: float) -> None:
         super().__init__()
         self.token = token
-        self.kind = positions
         self.max_positions = max_positions
         d_model = token.weight.size(1)
         table = sinusoidal_positions(max_positions, d_model) if positions is PositionKind.sinusoidal else None

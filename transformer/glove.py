@@ -14,6 +14,7 @@ import gzip
 import io
 import logging
 import zipfile
+import zlib
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -101,24 +102,28 @@ def _pick_member(archive: zipfile.ZipFile, zip_path: Path, dim: int | None) -> s
 
 @contextmanager
 def _open_lines(path: str | Path, dim: int | None) -> Iterator[tuple[str, Iterator[str]]]:
-    """Yield (display name, text lines) for a plain, gzipped or zipped vector file."""
+    """Yield (display name, text lines) for a plain, gzipped or zipped vector file; a file that cannot be read
+    (truncated, not the archive its name says, a folder) raises ``GloveError`` naming it, also while reading."""
     file_path, member = _split_spec(path)
     if not file_path.exists():
         raise GloveError(f"{file_path}: vector file not found")
-    if file_path.suffix.lower() == ".zip":
-        with zipfile.ZipFile(file_path) as archive:
-            if member is None:
-                member = _pick_member(archive, file_path, dim)
-            elif member not in archive.namelist():
-                raise GloveError(f"{file_path}: has no member {member!r} (members: {archive.namelist()})")
-            with archive.open(member) as raw:
-                yield f"{file_path}:{member}", io.TextIOWrapper(raw, encoding="utf-8")
-    elif file_path.suffix.lower() == ".gz":
-        with gzip.open(file_path, "rt", encoding="utf-8") as handle:
-            yield str(file_path), handle
-    else:
-        with open(file_path, encoding="utf-8") as handle:
-            yield str(file_path), handle
+    try:
+        if file_path.suffix.lower() == ".zip":
+            with zipfile.ZipFile(file_path) as archive:
+                if member is None:
+                    member = _pick_member(archive, file_path, dim)
+                elif member not in archive.namelist():
+                    raise GloveError(f"{file_path}: has no member {member!r} (members: {archive.namelist()})")
+                with archive.open(member) as raw:
+                    yield f"{file_path}:{member}", io.TextIOWrapper(raw, encoding="utf-8")
+        elif file_path.suffix.lower() == ".gz":
+            with gzip.open(file_path, "rt", encoding="utf-8") as handle:
+                yield str(file_path), handle
+        else:
+            with open(file_path, encoding="utf-8") as handle:
+                yield str(file_path), handle
+    except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as error:
+        raise GloveError(f"{file_path}: cannot read the vector file ({error})") from error
 
 
 def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:

@@ -42,8 +42,9 @@ def label_smoothed_cross_entropy(
 def label_smoothed_sums(logits: Tensor, target: Tensor, *, smoothing: float, pad_id: int) -> tuple[Tensor, Tensor]:
     """``(loss_sum, nll_sum)`` of :func:`label_smoothed_cross_entropy` without the token count.
 
-    The trainer takes the count from the batch, so this variant never waits for the GPU (``.item()``).
-    Computed in float32 even inside a bf16 autocast region, because the log-sum-exp over a large
+    It never waits for the GPU (``.item()``): the count can come from the batch. Training uses the fused
+    :func:`projected_label_smoothed_sums` (through ``Transformer.forward``); this unfused form is its reference
+    in the tests. Computed in float32 even inside a bf16 autocast region, because the log-sum-exp over a large
     vocabulary loses too much precision in bf16.
     """
     if not 0.0 <= smoothing < 1.0:

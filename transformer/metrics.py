@@ -123,8 +123,8 @@ def perplexity(nll_sum: float | Tensor, n_tokens: int) -> float:
     """exp(mean negative log-likelihood per token); ``inf`` when that overflows.
 
     Args:
-        nll_sum: summed negative log-likelihood (nats) over ``n_tokens`` tokens, e.g. the ``nll_sum`` of
-            ``loss.label_smoothed_cross_entropy`` (not the smoothed loss).
+        nll_sum: summed negative log-likelihood (nats) over ``n_tokens`` tokens, e.g. the ``nll_sum`` the
+            training step returns (not the smoothed loss).
         n_tokens: number of real target tokens the sum covers.
     """
     if n_tokens <= 0:

@@ -1,8 +1,8 @@
 """The encoder-decoder Transformer (Vaswani et al., 2017): Encoder, Decoder, ``Transformer``, ``build_model``.
 
 ``Transformer.forward`` is the training path (DDP hooks run only through it): ``model(src, tgt_in)`` returns
-logits, and ``model(src, tgt_in, tgt_out)`` the summed label-smoothed loss (:mod:`transformer.loss`, with the
-output projection fused into it so the logits are never held whole). Decoding calls ``encode`` /
+logits, and ``model(src, tgt_in, tgt_out)`` the summed label-smoothed loss and NLL (:mod:`transformer.loss`,
+with the output projection fused into it so the logits are never held whole). Decoding calls ``encode`` /
 ``init_cache`` / ``decode`` on the unwrapped module. Nothing is stored on modules between calls: attention
 weights and the KV cache are returned explicitly.
 

@@ -77,11 +77,14 @@ def resolve_training(cfg: TrainingConfig, device: torch.device) -> TrainingConfi
     A GPU pads batch lengths to multiples of 8 (tensor-core friendly, few distinct shapes to plan kernels
     for); a CPU pads to nothing, since every padded position costs it time. Runs record the resolved value,
     so resuming on another kind of device is refused by key instead of silently changing the batches.
-    ``cuda_graphs`` on another device is refused here, before any work.
+    ``cuda_graphs`` on another device, and ``precision=bf16`` on a GPU without bfloat16, are refused here,
+    before any work.
     """
     gpu = device.type == "cuda"
     if cfg.cuda_graphs and not gpu:
         raise ConfigError(f"training.cuda_graphs: needs a CUDA device; this run is on {device}")
+    if cfg.precision is Precision.bf16 and gpu and not torch.cuda.is_bf16_supported():
+        raise ConfigError("training.precision: bf16, but this GPU does not support bfloat16; use fp32 or auto")
     return replace(cfg, pad_to_multiple=cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (8 if gpu else 1))
 
 

@@ -79,10 +79,10 @@ def compute_attention_maps(model: nn.Module, src_ids: Sequence[int], tgt_ids: Se
         model: a ``Transformer`` (the unwrapped module); left in the train/eval mode it had.
         src_ids: the source ids (no BOS/EOS); ``pad_id`` entries are dropped.
         tgt_ids: the target ids (no BOS); a trailing ``eos_id`` and ``pad_id`` entries are dropped.
-        src_pieces, tgt_pieces: one label per id of ``src_ids`` / ``tgt_ids`` (after the same drops).
+        src_pieces, tgt_pieces: one label per id of ``src_ids`` / ``tgt_ids`` (dropped with their ids).
 
     Returns:
-        :class:`AttentionMaps` with S = len(src_ids) and T = len(tgt_ids) + 1.
+        :class:`AttentionMaps` with S the source ids kept and T the target ids kept + 1 (BOS).
     """
     src_keep = [i for i, t in enumerate(src_ids) if t != pad_id]
     tgt_keep = [i for i, t in enumerate(tgt_ids) if t != pad_id]

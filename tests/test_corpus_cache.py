@@ -278,9 +278,9 @@ def test_reservoir_sample_is_uniform_enough():
 def test_tokenizers_train_on_a_bounded_deterministic_sample(tmp_path, corpus, monkeypatch):
     seen: list[list[str]] = []
 
-    def capture(tok_cfg, src, tgt, work_dir=None):
+    def capture(tok_cfg, src, tgt):
         seen.append([*src, *tgt])
-        return build_tokenizers(tok_cfg, src, tgt, work_dir)
+        return build_tokenizers(tok_cfg, src, tgt)
 
     monkeypatch.setattr(corpus_cache, "build_tokenizers", capture)
     for cache, max_sentences in (("a", 50), ("b", 50), ("c", 1000)):

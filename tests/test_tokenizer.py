@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer import tokenizer as tok_module
 from transformer.config import SentencePieceModel, TokenizerConfig, TokenizerKind
 from transformer.tokenizer import (
     BOS_ID,
@@ -57,8 +56,8 @@ def spm_cfg() -> TokenizerConfig:
 
 
 @pytest.fixture(scope="module")
-def spm_joint(corpus, spm_cfg, tmp_path_factory) -> SentencePieceTokenizer:
-    src, tgt = build_tokenizers(spm_cfg, corpus["train_en"], corpus["train_de"], tmp_path_factory.mktemp("spm"))
+def spm_joint(corpus, spm_cfg) -> SentencePieceTokenizer:
+    src, tgt = build_tokenizers(spm_cfg, corpus["train_en"], corpus["train_de"])
     assert src is tgt
     return src
 
@@ -101,32 +100,10 @@ def test_sentencepiece_state_dict_survives_weights_only_load(spm_joint, corpus):
     assert [restored.encode(s) for s in corpus["val_de"][:50]] == [spm_joint.encode(s) for s in corpus["val_de"][:50]]
 
 
-def test_sentencepiece_model_is_reused_when_data_and_settings_match(corpus, spm_cfg, tmp_path, monkeypatch):
-    src, tgt = corpus["train_en"][:800], corpus["train_de"][:800]
-    first, _ = build_tokenizers(spm_cfg, src, tgt, tmp_path)
-    saved = sorted(p.name for p in tmp_path.iterdir())
-    assert len(saved) == 1 and saved[0].startswith("sentencepiece-joint-") and saved[0].endswith(".model")
-
-    def no_training(*args, **kwargs):
-        raise AssertionError("retrained although data and settings are unchanged")
-
-    monkeypatch.setattr(tok_module, "train_sentencepiece", no_training)
-    again, _ = build_tokenizers(spm_cfg, src, tgt, tmp_path)
-    assert again.pieces() == first.pieces()
-    monkeypatch.undo()
-
-    other_vocab = TokenizerConfig(vocab_size=400)
-    build_tokenizers(other_vocab, src, tgt, tmp_path)
-    build_tokenizers(spm_cfg, src[:-1], tgt[:-1], tmp_path)  # other text
-    assert len(list(tmp_path.iterdir())) == 3
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-
-
-def test_sentencepiece_separate_vocabularies(corpus, tmp_path):
+def test_sentencepiece_separate_vocabularies(corpus):
     cfg = TokenizerConfig(vocab_size=300, joint=False)
-    src, tgt = build_tokenizers(cfg, corpus["train_en"][:1000], corpus["train_de"][:1000], tmp_path)
+    src, tgt = build_tokenizers(cfg, corpus["train_en"][:1000], corpus["train_de"][:1000])
     assert src is not tgt and src.pieces() != tgt.pieces()
-    assert {p.name.split("-")[1] for p in tmp_path.iterdir()} == {"src", "tgt"}
     assert "▁Mann" in tgt.pieces() and "▁Mann" not in src.pieces()
 
 
@@ -183,19 +160,18 @@ def test_word_vocabulary_is_ordered_by_frequency_and_capped():
     assert full.pieces() == [*SPECIAL_PIECES, "b", "e", "a", "c", "d", "f"]
 
 
-def test_word_round_trip_rate_on_real_lines(corpus, tmp_path):
+def test_word_round_trip_rate_on_real_lines(corpus):
     cfg = TokenizerConfig(kind=TokenizerKind.word, vocab_size=100_000, joint=False)
     for lines in (corpus["train_en"], corpus["train_de"]):
-        words, _ = build_tokenizers(cfg, lines, lines, tmp_path)
+        words, _ = build_tokenizers(cfg, lines, lines)
         assert UNK_ID not in {i for line in lines for i in words.encode(line)}
         exact = sum(words.decode(words.encode(line)) == line for line in lines) / len(lines)
         assert exact >= 0.98, exact
-    assert list(tmp_path.iterdir()) == []  # word vocabularies are not saved
 
 
 def test_word_lowercase_and_state_dict(corpus):
     cfg = TokenizerConfig(kind=TokenizerKind.word, vocab_size=3000, lowercase=True)
-    words, same = build_tokenizers(cfg, corpus["train_en"], corpus["train_en"], Path("unused"))
+    words, same = build_tokenizers(cfg, corpus["train_en"], corpus["train_en"])
     assert words is same
     assert words.encode("A DOG") == words.encode("a dog") and UNK_ID not in words.encode("a dog")
     buffer = io.BytesIO()

@@ -22,9 +22,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
@@ -276,67 +274,18 @@ def tokenizer_from_state(state: dict) -> Tokenizer:
     raise TokenizerError(f"unknown tokenizer kind {kind!r} in state (expected one of {valid})")
 
 
-def _fingerprint(texts: Sequence[str], cfg: TokenizerConfig) -> str:
-    """SHA-256 of the settings and the training text; names the saved model file."""
-    settings = {
-        "model_type": cfg.model_type.value,
-        "vocab_size": cfg.vocab_size,
-        "character_coverage": cfg.character_coverage,
-        "sentencepiece": spm.__version__,
-    }
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
-    for text in texts:
-        digest.update(text.encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_or_train_sentencepiece(
-    texts: Sequence[str], cfg: TokenizerConfig, work_dir: Path | None, role: str
-) -> SentencePieceTokenizer:
-    """Reuse ``work_dir/sentencepiece-{role}-{hash}.model`` when the texts and settings match, else
-    train it and save it there (atomically). ``role`` is ``joint``, ``src`` or ``tgt``; without a
-    ``work_dir`` the model is trained and nothing is saved."""
-    if work_dir is None:
-        return SentencePieceTokenizer(train_sentencepiece(texts, cfg))
-    work_dir = Path(work_dir)
-    path = work_dir / f"sentencepiece-{role}-{_fingerprint(texts, cfg)[:16]}.model"
-    if path.is_file():
-        return SentencePieceTokenizer(path.read_bytes())
-    proto = train_sentencepiece(texts, cfg)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, proto)
-    return SentencePieceTokenizer(proto)
-
-
-def build_tokenizers(
-    cfg: TokenizerConfig, src_texts: list[str], tgt_texts: list[str], work_dir: Path | None = None
-) -> tuple[Tokenizer, Tokenizer]:
-    """Train (or reuse) the source and target tokenizers on the given training text.
+def build_tokenizers(cfg: TokenizerConfig, src_texts: list[str], tgt_texts: list[str]) -> tuple[Tokenizer, Tokenizer]:
+    """Train the source and target tokenizers on the given training text.
 
     With ``cfg.joint`` one tokenizer is trained on both sides (source text first) and returned twice
-    (the same object). SentencePiece models are saved in ``work_dir`` when one is given (``corpus_cache``
-    keeps its own cache and passes none); word vocabularies are cheap and rebuilt.
+    (the same object). Nothing is saved: ``corpus_cache`` keeps trained tokenizers, keyed by corpus and settings.
     """
     if cfg.kind is TokenizerKind.sentencepiece:
         if cfg.joint:
-            joint = load_or_train_sentencepiece([*src_texts, *tgt_texts], cfg, work_dir, "joint")
+            joint = SentencePieceTokenizer(train_sentencepiece([*src_texts, *tgt_texts], cfg))
             return joint, joint
-        return (
-            load_or_train_sentencepiece(src_texts, cfg, work_dir, "src"),
-            load_or_train_sentencepiece(tgt_texts, cfg, work_dir, "tgt"),
-        )
+        return (SentencePieceTokenizer(train_sentencepiece(src_texts, cfg)),
+                SentencePieceTokenizer(train_sentencepiece(tgt_texts, cfg)))
     if cfg.joint:
         joint_words = WordTokenizer.train([*src_texts, *tgt_texts], cfg)
         return joint_words, joint_words

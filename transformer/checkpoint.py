@@ -11,6 +11,7 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
     best_bleu, best_step, bad_validations, last_valid_step   early-stopping bookkeeping
     last_metrics     the latest validation's metrics (optional: older checkpoints lack it)
     train_seconds    seconds spent in ``Trainer.fit`` up to this checkpoint, resumed runs summed (optional)
+    epoch_steps      optimizer steps in the run's first epoch: the cosine schedule's unit (optional)
     reason           why it was written ("validation", "interrupt", "final", ...)
 
 plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every

@@ -13,7 +13,8 @@ import pytest
 
 from transformer import cli, pipeline
 from transformer.checkpoint import load_checkpoint
-from transformer.config import ConfigError, TrainConfig
+from transformer.command_config import TrainConfig
+from transformer.config import ConfigError
 from transformer.data import DataError
 
 from conftest import CONFIG_DIR, REPO

@@ -9,15 +9,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from transformer.command_config import EvaluateConfig, TrainConfig
 from transformer.config import (
     AttentionScore,
     ConfigError,
     EvalConfig,
-    EvaluateConfig,
     ModelConfig,
     NormPosition,
     PositionKind,
-    TrainConfig,
     from_plain_dict,
     to_plain_dict,
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transformer import corpus_cache
+from transformer import corpus_cache, corpus_encoding
 from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
 from transformer.corpus_cache import ReservoirSample, load_or_build
 from transformer.corpus_files import load_split
@@ -73,8 +73,8 @@ class _Counting:
 
 @pytest.fixture()
 def counted(monkeypatch) -> dict[str, _Counting]:
-    wrappers = {"encode": _Counting(corpus_cache.encode_pairs), "train": _Counting(corpus_cache.build_tokenizers)}
-    monkeypatch.setattr(corpus_cache, "encode_pairs", wrappers["encode"])
+    wrappers = {"encode": _Counting(corpus_encoding.encode_pairs), "train": _Counting(corpus_cache.build_tokenizers)}
+    monkeypatch.setattr(corpus_encoding, "encode_pairs", wrappers["encode"])
     monkeypatch.setattr(corpus_cache, "build_tokenizers", wrappers["train"])
     return wrappers
 
@@ -185,8 +185,8 @@ def test_a_crash_mid_write_leaves_no_usable_cache_and_the_next_call_rebuilds(tmp
             raise RuntimeError("disk full")
         original(self, values)
 
-    original = corpus_cache._NpyWriter.append
-    monkeypatch.setattr(corpus_cache._NpyWriter, "append", failing_append)
+    original = corpus_encoding.NpyWriter.append
+    monkeypatch.setattr(corpus_encoding.NpyWriter, "append", failing_append)
     monkeypatch.setattr(corpus_cache, "CHUNK_LINES", 50)
     with pytest.raises(RuntimeError, match="disk full"):
         load_or_build(_cfg(tmp_path))

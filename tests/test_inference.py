@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from transformer.checkpoint import RunDir, save_checkpoint
-from transformer.config import EvalConfig, ModelConfig, TrainConfig, to_plain_dict
+from transformer.command_config import TrainConfig
+from transformer.config import EvalConfig, ModelConfig, to_plain_dict
 from transformer.decoding import beam_search
 from transformer.inference import find_checkpoint, load_trained, translate
 from transformer.model import build_model

@@ -13,7 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer.checkpoint import CheckpointError, CheckpointManager, RunDir, save_checkpoint
-from transformer.config import ConfigError, TrainConfig, TrainingConfig, to_plain_dict
+from transformer.command_config import TrainConfig
+from transformer.config import ConfigError, TrainingConfig, to_plain_dict
 from transformer.resume import abandon_later_history, check_resume_config, load_for_resume, saved_recipe
 from transformer.runtime import resolve_training
 

@@ -16,7 +16,8 @@ from sacrebleu.metrics import BLEU, CHRF
 from torch import nn
 
 from transformer import validation
-from transformer.config import AttentionDumpConfig, DataConfig, EvalConfig, ModelConfig, TrainConfig, TrainingConfig
+from transformer.command_config import TrainConfig
+from transformer.config import AttentionDumpConfig, DataConfig, EvalConfig, ModelConfig, TrainingConfig
 from transformer.inference import translate
 from transformer.model import build_model
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, WordTokenizer

@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig, ModelConfig, TrainConfig
+from transformer.command_config import TrainConfig
+from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig, ModelConfig
 from transformer import visualize
 from transformer.inference import TrainedModel
 from transformer.model import build_model

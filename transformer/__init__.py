@@ -4,18 +4,16 @@ The public names most users need; everything else lives in its own module (see t
 """
 
 from transformer.attention import MultiHeadAttention, additive_scores, scaled_dot_product_attention
+from transformer.command_config import EvaluateConfig, TrainConfig, TranslateConfig
 from transformer.config import (
     AttentionConfig,
     AttentionScore,
     DataConfig,
     EvalConfig,
-    EvaluateConfig,
     ModelConfig,
     PositionKind,
     TokenizerConfig,
-    TrainConfig,
     TrainingConfig,
-    TranslateConfig,
 )
 from transformer.decoding import Hypothesis, beam_search, greedy_search
 from transformer.inference import TrainedModel, load_trained

@@ -34,7 +34,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from transformer import pipeline
 from transformer.batching import Prefetcher, TokenBucketSampler
-from transformer.config import BenchmarkConfig, ModelConfig, TrainConfig, to_plain_dict
+from transformer.command_config import BenchmarkConfig, TrainConfig
+from transformer.config import ModelConfig, to_plain_dict
 from transformer.corpus_files import load_split
 from transformer.distributed import DistContext
 from transformer.inference import load_trained, translate

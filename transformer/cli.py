@@ -14,7 +14,7 @@ from typing import Any, Callable
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.config import register_configs
+from transformer.command_config import register_configs
 
 log = logging.getLogger(__name__)
 

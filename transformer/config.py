@@ -1,9 +1,10 @@
-"""Typed configuration: the one place where every default lives.
+"""Typed configuration of the config groups (data, model, training, eval, attention): their defaults live here.
 
 Hydra composes YAML (which only overrides) on top of these dataclass schemas, so a misspelt key or a
 wrong type fails at compose time naming the key. Range checks live in ``__post_init__``, which
 ``OmegaConf.to_object`` runs, and name the dotted key. Choices are ``Enum`` fields, so Hydra lists the
-valid values when given another.
+valid values when given another. Each command's root schema, which composes the groups, is in
+``command_config``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 T = TypeVar("T")
@@ -23,7 +23,8 @@ class ConfigError(ValueError):
     """A configuration value is out of range or inconsistent; the message names the dotted key."""
 
 
-def _check(condition: bool, key: str, message: str) -> None:
+def check(condition: bool, key: str, message: str) -> None:
+    """Raise ``ConfigError("{key}: {message}")`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(f"{key}: {message}")
 
@@ -118,14 +119,14 @@ class TokenizerConfig:
     max_sentences: int = 1_000_000
 
     def __post_init__(self) -> None:
-        _check(self.vocab_size >= 8, "data.tokenizer.vocab_size", f"must be >= 8, got {self.vocab_size}")
-        _check(self.max_sentences >= 1, "data.tokenizer.max_sentences", f"must be >= 1, got {self.max_sentences}")
-        _check(
+        check(self.vocab_size >= 8, "data.tokenizer.vocab_size", f"must be >= 8, got {self.vocab_size}")
+        check(self.max_sentences >= 1, "data.tokenizer.max_sentences", f"must be >= 1, got {self.max_sentences}")
+        check(
             0.9 <= self.character_coverage <= 1.0,
             "data.tokenizer.character_coverage",
             f"must be in [0.9, 1.0], got {self.character_coverage}",
         )
-        _check(self.min_freq >= 1, "data.tokenizer.min_freq", f"must be >= 1, got {self.min_freq}")
+        check(self.min_freq >= 1, "data.tokenizer.min_freq", f"must be >= 1, got {self.min_freq}")
 
 
 @dataclass
@@ -149,12 +150,12 @@ class DataConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
     def __post_init__(self) -> None:
-        _check(self.corpus is not CorpusKind.custom or self.dir is not None, "data.dir",
+        check(self.corpus is not CorpusKind.custom or self.dir is not None, "data.dir",
                "is required with data=custom, e.g. data.dir=/path/to/corpus")
-        _check(self.src != self.tgt, "data.src", f"source and target language are both {self.src!r}")
-        _check(self.max_pairs is None or self.max_pairs > 0, "data.max_pairs", f"must be > 0, got {self.max_pairs}")
-        _check(self.max_len >= 2, "data.max_len", f"must be >= 2, got {self.max_len}")
-        _check(self.max_len_ratio >= 1.0, "data.max_len_ratio", f"must be >= 1, got {self.max_len_ratio}")
+        check(self.src != self.tgt, "data.src", f"source and target language are both {self.src!r}")
+        check(self.max_pairs is None or self.max_pairs > 0, "data.max_pairs", f"must be > 0, got {self.max_pairs}")
+        check(self.max_len >= 2, "data.max_len", f"must be >= 2, got {self.max_len}")
+        check(self.max_len_ratio >= 1.0, "data.max_len_ratio", f"must be >= 1, got {self.max_len_ratio}")
 
     @property
     def corpus_dir(self) -> Path:
@@ -212,23 +213,23 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for key in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_positions"):
             value = getattr(self, key)
-            _check(value > 0, f"model.{key}", f"must be > 0, got {value}")
+            check(value > 0, f"model.{key}", f"must be > 0, got {value}")
         if self.d_head is None:
-            _check(
+            check(
                 self.d_model % self.n_heads == 0,
                 "model.d_head",
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                 f"set model.d_head explicitly (e.g. model.d_head=64)",
             )
         else:
-            _check(self.d_head > 0, "model.d_head", f"must be > 0, got {self.d_head}")
+            check(self.d_head > 0, "model.d_head", f"must be > 0, got {self.d_head}")
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
-            _check(0.0 <= value < 1.0, f"model.{key}", f"must be in [0, 1), got {value}")
-        _check(self.positions is not PositionKind.rope or self.head_dim % 2 == 0, "model.positions",
+            check(0.0 <= value < 1.0, f"model.{key}", f"must be in [0, 1), got {value}")
+        check(self.positions is not PositionKind.rope or self.head_dim % 2 == 0, "model.positions",
                f"rope rotates pairs of coordinates and needs an even head size, got {self.head_dim}")
-        _check(self.rope_base > 1.0, "model.rope_base", f"must be > 1, got {self.rope_base}")
-        _check(self.max_relative_distance >= 1, "model.max_relative_distance",
+        check(self.rope_base > 1.0, "model.rope_base", f"must be > 1, got {self.rope_base}")
+        check(self.max_relative_distance >= 1, "model.max_relative_distance",
                f"must be >= 1, got {self.max_relative_distance}")
 
     @property
@@ -281,48 +282,48 @@ class TrainingConfig:
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.max_epochs > 0, "training.max_epochs", f"must be > 0, got {self.max_epochs}")
-        _check(self.max_steps is None or self.max_steps > 0, "training.max_steps", f"must be > 0, got {self.max_steps}")
-        _check(
+        check(self.max_epochs > 0, "training.max_epochs", f"must be > 0, got {self.max_epochs}")
+        check(self.max_steps is None or self.max_steps > 0, "training.max_steps", f"must be > 0, got {self.max_steps}")
+        check(
             self.max_minutes is None or self.max_minutes > 0,
             "training.max_minutes",
             f"must be > 0, got {self.max_minutes}",
         )
-        _check(self.max_tokens >= 16, "training.max_tokens", f"must be >= 16, got {self.max_tokens}")
-        _check(self.accumulate >= 1, "training.accumulate", f"must be >= 1, got {self.accumulate}")
-        _check(self.pad_to_multiple is None or self.pad_to_multiple >= 1, "training.pad_to_multiple",
+        check(self.max_tokens >= 16, "training.max_tokens", f"must be >= 16, got {self.max_tokens}")
+        check(self.accumulate >= 1, "training.accumulate", f"must be >= 1, got {self.accumulate}")
+        check(self.pad_to_multiple is None or self.pad_to_multiple >= 1, "training.pad_to_multiple",
                f"must be >= 1 or null, got {self.pad_to_multiple}")
-        _check(self.save_every_steps is None or self.save_every_steps > 0, "training.save_every_steps",
+        check(self.save_every_steps is None or self.save_every_steps > 0, "training.save_every_steps",
                f"must be > 0 or null, got {self.save_every_steps}")
-        _check(self.save_every_minutes is None or self.save_every_minutes > 0, "training.save_every_minutes",
+        check(self.save_every_minutes is None or self.save_every_minutes > 0, "training.save_every_minutes",
                f"must be > 0 or null, got {self.save_every_minutes}")
-        _check(self.lr > 0, "training.lr", f"must be > 0, got {self.lr}")
-        _check(self.warmup_steps >= 0, "training.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
-        _check(0.0 <= self.min_lr <= self.lr, "training.min_lr", f"must be in [0, training.lr={self.lr}], got {self.min_lr}")
-        _check(self.eps > 0, "training.eps", f"must be > 0, got {self.eps}")
-        _check(self.weight_decay >= 0, "training.weight_decay", f"must be >= 0, got {self.weight_decay}")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "training.betas",
+        check(self.lr > 0, "training.lr", f"must be > 0, got {self.lr}")
+        check(self.warmup_steps >= 0, "training.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        check(0.0 <= self.min_lr <= self.lr, "training.min_lr", f"must be in [0, training.lr={self.lr}], got {self.min_lr}")
+        check(self.eps > 0, "training.eps", f"must be > 0, got {self.eps}")
+        check(self.weight_decay >= 0, "training.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "training.betas",
                f"must be two numbers in [0, 1), got {list(self.betas)}")
-        _check(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
+        check(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
                f"must be in [0, 1), got {self.label_smoothing}")
-        _check(self.r_drop >= 0.0, "training.r_drop", f"must be >= 0, got {self.r_drop}")
-        _check(0.0 <= self.bpe_dropout < 1.0, "training.bpe_dropout", f"must be in [0, 1), got {self.bpe_dropout}")
-        _check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "training.clip_grad_norm",
+        check(self.r_drop >= 0.0, "training.r_drop", f"must be >= 0, got {self.r_drop}")
+        check(0.0 <= self.bpe_dropout < 1.0, "training.bpe_dropout", f"must be in [0, 1), got {self.bpe_dropout}")
+        check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "training.clip_grad_norm",
                f"must be > 0 or null, got {self.clip_grad_norm}")
-        _check(self.patience is None or self.patience > 0, "training.patience", f"must be > 0 or null, got {self.patience}")
+        check(self.patience is None or self.patience > 0, "training.patience", f"must be > 0 or null, got {self.patience}")
         for key in ("validate_every_steps", "valid_max_sentences", "threads"):
             value = getattr(self, key)
-            _check(value is None or value > 0, f"training.{key}", f"must be > 0 or null, got {value}")
-        _check(self.n_samples >= 0, "training.n_samples", f"must be >= 0, got {self.n_samples}")
-        _check(self.log_every_steps > 0, "training.log_every_steps", f"must be > 0, got {self.log_every_steps}")
-        _check(self.keep_last >= 1, "training.keep_last", f"must be >= 1, got {self.keep_last}")
-        _check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
-        _check(self.average_last <= self.keep_last, "training.average_last",
+            check(value is None or value > 0, f"training.{key}", f"must be > 0 or null, got {value}")
+        check(self.n_samples >= 0, "training.n_samples", f"must be >= 0, got {self.n_samples}")
+        check(self.log_every_steps > 0, "training.log_every_steps", f"must be > 0, got {self.log_every_steps}")
+        check(self.keep_last >= 1, "training.keep_last", f"must be >= 1, got {self.keep_last}")
+        check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
+        check(self.average_last <= self.keep_last, "training.average_last",
                f"averages kept checkpoints only: raise training.keep_last to >= {self.average_last}")
         if self.cuda_graphs:  # the device and the number of processes are checked where they are known
-            _check(self.accumulate == 1, "training.accumulate",
+            check(self.accumulate == 1, "training.accumulate",
                    f"training.cuda_graphs records one batch per step: must be 1, got {self.accumulate}")
-            _check(not self.compile, "training.compile", "training.cuda_graphs replaces compilation: set one of the two")
+            check(not self.compile, "training.compile", "training.cuda_graphs replaces compilation: set one of the two")
 
 
 @dataclass
@@ -342,15 +343,15 @@ class EvalConfig:
     report_tokenized_bleu: bool = True
 
     def __post_init__(self) -> None:
-        _check(self.beam_size >= 1, "eval.beam_size", f"must be >= 1, got {self.beam_size}")
-        _check(1 <= self.n_best <= self.beam_size, "eval.n_best",
+        check(self.beam_size >= 1, "eval.beam_size", f"must be >= 1, got {self.beam_size}")
+        check(1 <= self.n_best <= self.beam_size, "eval.n_best",
                f"must be in [1, eval.beam_size={self.beam_size}], got {self.n_best}")
-        _check(self.length_penalty >= 0, "eval.length_penalty", f"must be >= 0, got {self.length_penalty}")
-        _check(self.max_len_a >= 0, "eval.max_len_a", f"must be >= 0, got {self.max_len_a}")
-        _check(self.max_len_b >= 0, "eval.max_len_b", f"must be >= 0, got {self.max_len_b}")
-        _check(self.max_len_a > 0 or self.max_len_b > 0, "eval.max_len_b",
+        check(self.length_penalty >= 0, "eval.length_penalty", f"must be >= 0, got {self.length_penalty}")
+        check(self.max_len_a >= 0, "eval.max_len_a", f"must be >= 0, got {self.max_len_a}")
+        check(self.max_len_b >= 0, "eval.max_len_b", f"must be >= 0, got {self.max_len_b}")
+        check(self.max_len_a > 0 or self.max_len_b > 0, "eval.max_len_b",
                "eval.max_len_a and eval.max_len_b are both 0: no hypothesis could hold a token")
-        _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size",
+        check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size",
                f"must be >= 1 or null, got {self.batch_size}")
 
 
@@ -364,137 +365,10 @@ class AttentionDumpConfig:
     max_tokens: int = 48  # longer sentences are cut for the figures
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens >= 1, "attention.max_tokens", f"must be >= 1, got {self.max_tokens}")
-        _check(all(i >= 0 for i in self.indices), "attention.indices", f"must be >= 0, got {list(self.indices)}")
+        check(self.max_tokens >= 1, "attention.max_tokens", f"must be >= 1, got {self.max_tokens}")
+        check(all(i >= 0 for i in self.indices), "attention.indices", f"must be >= 0, got {list(self.indices)}")
         for i, text in enumerate(self.texts):
-            _check(bool(text.strip()), f"attention.texts[{i}]", "is empty: there is nothing to draw attention for")
-
-
-# --------------------------------------------------------------------------------------------------
-# Roots: one per command
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainConfig:
-    """``transformer-train``: prepare data, train, validate, and score the best model on the test set."""
-
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    output_dir: str = "outputs/train"  # train.yaml sets it to Hydra's run directory
-    resume: Optional[str] = None  # a run directory or a checkpoint file to continue from
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-
-    def __post_init__(self) -> None:
-        if self.model.share_embeddings:
-            _check(self.data.tokenizer.joint, "model.share_embeddings",
-                   "needs one joint vocabulary (data.tokenizer.joint=true)")
-        multiple = self.training.pad_to_multiple or 8  # unset: 8 on a GPU, the larger default
-        longest = -(-(self.data.max_len + 1) // multiple) * multiple  # BOS or EOS added, rounded up to the multiple
-        _check(longest <= self.model.max_positions, "model.max_positions",
-               f"is {self.model.max_positions}, but training batches can be {longest} positions long "
-               f"(data.max_len={self.data.max_len}, + 1 for BOS/EOS, padded to a multiple of {multiple}); raise "
-               "model.max_positions or lower data.max_len")
-        if self.training.bpe_dropout > 0:
-            tokenizer = self.data.tokenizer
-            _check(tokenizer.kind is TokenizerKind.sentencepiece and tokenizer.model_type is SentencePieceModel.bpe,
-                   "training.bpe_dropout", "needs SentencePiece BPE tokenizers (data.tokenizer.kind=sentencepiece, "
-                   f"data.tokenizer.model_type=bpe); this run has {tokenizer.kind.value}"
-                   + (f" ({tokenizer.model_type.value})" if tokenizer.kind is TokenizerKind.sentencepiece else ""))
-        _check(self.training.r_drop == 0 or self.model.dropout > 0 or self.model.attention_dropout > 0,
-               "training.r_drop", "needs dropout (model.dropout or model.attention_dropout > 0): without it both "
-               "passes agree, and the step would cost twice as much for nothing")
-
-
-@dataclass
-class EvaluateConfig:
-    """``transformer-evaluate``: score a trained model on a test set with sacreBLEU."""
-
-    run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
-    checkpoint: Optional[str] = None  # or a checkpoint file
-    # What to score: a split of the run's corpus (default: its data.test_split), e.g. val or, for Multi30k, the
-    # later test sets test_2017_flickr, test_2017_mscoco and test_2018_flickr (fetched and verified on demand);
-    # or a pair of files.
-    split: Optional[str] = None
-    src_file: Optional[str] = None
-    ref_file: Optional[str] = None
-    # Score only the pairs with more than this many tokens on a side (in the model's own tokens). With the
-    # data.max_len a model was trained with, that is the sentences longer than any it saw: its extrapolation.
-    longer_than: Optional[int] = None
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    attention: AttentionDumpConfig = field(default_factory=AttentionDumpConfig)
-    output_dir: str = "outputs/evaluate"
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        _check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
-               "give exactly one of run_dir=... or checkpoint=...")
-        _check((self.src_file is None) == (self.ref_file is None), "ref_file",
-               "src_file and ref_file go together")
-        _check(self.split is None or self.src_file is None, "split", "give split=... or src_file/ref_file, not both")
-        _check(self.longer_than is None or self.longer_than >= 0, "longer_than",
-               f"must be >= 0 or null, got {self.longer_than}")
-
-
-@dataclass
-class TranslateConfig:
-    """``transformer-translate``: translate lines from stdin or a file, one line out per line in."""
-
-    run_dir: Optional[str] = None
-    checkpoint: Optional[str] = None
-    input: Optional[str] = None  # default: stdin
-    output: Optional[str] = None  # default: stdout
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        _check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
-               "give exactly one of run_dir=... or checkpoint=...")
-
-
-@dataclass
-class PrepareDataConfig:
-    """``transformer-prepare-data``: make a corpus ready: fetch and verify it, check every split, and build
-    the tokenizers and the encoded training split in ``data.cache_dir`` so training starts from the cache."""
-
-    data: DataConfig = field(default_factory=DataConfig)
-
-
-@dataclass
-class BenchmarkConfig:
-    """``transformer-benchmark``: training throughput, machine peak, MFU, decoding speed and memory."""
-
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    output_dir: str = "outputs/benchmark"
-    device: str = "auto"
-    train_steps: int = 20  # timed optimizer steps
-    untimed_steps: int = 3  # warm-up steps before timing
-    decode_sentences: Optional[int] = None  # None: the whole test set
-    matmul_size: int = 2048
-    checkpoint: Optional[str] = None  # decode with a trained model (else a randomly initialised one)
-    profile_steps: int = 0  # > 0: profile that many more training steps into profile.txt
-
-    def __post_init__(self) -> None:
-        _check(self.profile_steps >= 0, "profile_steps", f"must be >= 0, got {self.profile_steps}")
-        _check(self.train_steps > 0, "train_steps", f"must be > 0, got {self.train_steps}")
-        _check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
-        _check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
-               f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
-
-
-def register_configs() -> None:
-    """Store the schemas in Hydra's ConfigStore (the YAML defaults lists start with these names)."""
-    cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="evaluate_schema", node=EvaluateConfig)
-    cs.store(name="translate_schema", node=TranslateConfig)
-    cs.store(name="prepare_data_schema", node=PrepareDataConfig)
-    cs.store(name="benchmark_schema", node=BenchmarkConfig)
+            check(bool(text.strip()), f"attention.texts[{i}]", "is empty: there is nothing to draw attention for")
 
 
 def to_plain_dict(cfg: Any) -> dict[str, Any]:

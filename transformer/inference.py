@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from transformer import checkpoint as ckpt
-from transformer.config import EvalConfig, TrainConfig, from_plain_dict
+from transformer.command_config import TrainConfig
+from transformer.config import EvalConfig, from_plain_dict
 from transformer.decoding import Decoder, beam_search, greedy_search
 from transformer.metrics import Scores, corpus_scores
 from transformer.model import Transformer, build_model

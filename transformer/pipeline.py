@@ -22,17 +22,8 @@ import torch
 from transformer import checkpoint as ckpt
 from transformer import corpus_cache, glove
 from transformer.batching import Batch, TokenBucketSampler, collate_arrays
-from transformer.config import (
-    ConfigError,
-    EvaluateConfig,
-    ModelConfig,
-    PrepareDataConfig,
-    TrainConfig,
-    TranslateConfig,
-    flatten,
-    from_plain_dict,
-    to_plain_dict,
-)
+from transformer.command_config import EvaluateConfig, PrepareDataConfig, TrainConfig, TranslateConfig
+from transformer.config import ConfigError, ModelConfig, flatten, from_plain_dict, to_plain_dict
 from transformer.corpus_files import corpus_paths, load_split
 from transformer.data import TranslationDataset, read_parallel
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed

@@ -1,0 +1,144 @@
+"""The root schema of each command: what ``transformer-train``, ``-evaluate``, ``-translate``, ``-prepare-data``
+and ``-benchmark`` compose from the config groups in ``config``, with the checks that span groups, and
+``register_configs`` to store them in Hydra's ConfigStore under the names the YAML roots start from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+from transformer.config import (
+    AttentionDumpConfig,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    SentencePieceModel,
+    TokenizerKind,
+    TrainingConfig,
+    check,
+)
+
+
+@dataclass
+class TrainConfig:
+    """``transformer-train``: prepare data, train, validate, and score the best model on the test set."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/train"  # train.yaml sets it to Hydra's run directory
+    resume: Optional[str] = None  # a run directory or a checkpoint file to continue from
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    def __post_init__(self) -> None:
+        if self.model.share_embeddings:
+            check(self.data.tokenizer.joint, "model.share_embeddings",
+                   "needs one joint vocabulary (data.tokenizer.joint=true)")
+        multiple = self.training.pad_to_multiple or 8  # unset: 8 on a GPU, the larger default
+        longest = -(-(self.data.max_len + 1) // multiple) * multiple  # BOS or EOS added, rounded up to the multiple
+        check(longest <= self.model.max_positions, "model.max_positions",
+               f"is {self.model.max_positions}, but training batches can be {longest} positions long "
+               f"(data.max_len={self.data.max_len}, + 1 for BOS/EOS, padded to a multiple of {multiple}); raise "
+               "model.max_positions or lower data.max_len")
+        if self.training.bpe_dropout > 0:
+            tokenizer = self.data.tokenizer
+            check(tokenizer.kind is TokenizerKind.sentencepiece and tokenizer.model_type is SentencePieceModel.bpe,
+                   "training.bpe_dropout", "needs SentencePiece BPE tokenizers (data.tokenizer.kind=sentencepiece, "
+                   f"data.tokenizer.model_type=bpe); this run has {tokenizer.kind.value}"
+                   + (f" ({tokenizer.model_type.value})" if tokenizer.kind is TokenizerKind.sentencepiece else ""))
+        check(self.training.r_drop == 0 or self.model.dropout > 0 or self.model.attention_dropout > 0,
+               "training.r_drop", "needs dropout (model.dropout or model.attention_dropout > 0): without it both "
+               "passes agree, and the step would cost twice as much for nothing")
+
+
+@dataclass
+class EvaluateConfig:
+    """``transformer-evaluate``: score a trained model on a test set with sacreBLEU."""
+
+    run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
+    checkpoint: Optional[str] = None  # or a checkpoint file
+    # What to score: a split of the run's corpus (default: its data.test_split), e.g. val or, for Multi30k, the
+    # later test sets test_2017_flickr, test_2017_mscoco and test_2018_flickr (fetched and verified on demand);
+    # or a pair of files.
+    split: Optional[str] = None
+    src_file: Optional[str] = None
+    ref_file: Optional[str] = None
+    # Score only the pairs with more than this many tokens on a side (in the model's own tokens). With the
+    # data.max_len a model was trained with, that is the sentences longer than any it saw: its extrapolation.
+    longer_than: Optional[int] = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    attention: AttentionDumpConfig = field(default_factory=AttentionDumpConfig)
+    output_dir: str = "outputs/evaluate"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
+               "give exactly one of run_dir=... or checkpoint=...")
+        check((self.src_file is None) == (self.ref_file is None), "ref_file",
+               "src_file and ref_file go together")
+        check(self.split is None or self.src_file is None, "split", "give split=... or src_file/ref_file, not both")
+        check(self.longer_than is None or self.longer_than >= 0, "longer_than",
+               f"must be >= 0 or null, got {self.longer_than}")
+
+
+@dataclass
+class TranslateConfig:
+    """``transformer-translate``: translate lines from stdin or a file, one line out per line in."""
+
+    run_dir: Optional[str] = None
+    checkpoint: Optional[str] = None
+    input: Optional[str] = None  # default: stdin
+    output: Optional[str] = None  # default: stdout
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
+               "give exactly one of run_dir=... or checkpoint=...")
+
+
+@dataclass
+class PrepareDataConfig:
+    """``transformer-prepare-data``: make a corpus ready: fetch and verify it, check every split, and build
+    the tokenizers and the encoded training split in ``data.cache_dir`` so training starts from the cache."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+@dataclass
+class BenchmarkConfig:
+    """``transformer-benchmark``: training throughput, machine peak, MFU, decoding speed and memory."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/benchmark"
+    device: str = "auto"
+    train_steps: int = 20  # timed optimizer steps
+    untimed_steps: int = 3  # warm-up steps before timing
+    decode_sentences: Optional[int] = None  # None: the whole test set
+    matmul_size: int = 2048
+    checkpoint: Optional[str] = None  # decode with a trained model (else a randomly initialised one)
+    profile_steps: int = 0  # > 0: profile that many more training steps into profile.txt
+
+    def __post_init__(self) -> None:
+        check(self.profile_steps >= 0, "profile_steps", f"must be >= 0, got {self.profile_steps}")
+        check(self.train_steps > 0, "train_steps", f"must be > 0, got {self.train_steps}")
+        check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
+        check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
+               f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (the YAML defaults lists start with these names)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="prepare_data_schema", node=PrepareDataConfig)
+    cs.store(name="benchmark_schema", node=BenchmarkConfig)

@@ -112,6 +112,24 @@ def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_co
         pipeline.evaluate(OmegaConf.to_object(cfg))
 
 
+def test_evaluate_and_translate_an_ensemble_of_the_run_with_itself(trained_run, compose_config, tmp_path):
+    run_dir, metrics = trained_run  # a model mixed with itself is that model: the same BLEU and translations
+    final = RunDir(run_dir).final
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", "eval=greedy", f"output_dir={tmp_path}",
+                                      f"ensemble=[{final},{run_dir}]"])
+    result = pipeline.evaluate(OmegaConf.to_object(cfg))
+    assert result["bleu"] == pytest.approx(metrics["test_bleu"], abs=1e-6)
+    assert result["ensemble"] == [str(final), str(final)]
+    (tmp_path / "in.txt").write_text("a b c\nd e f g\n", encoding="utf-8")
+    outputs = []
+    for ensemble in ([], [str(run_dir)]):
+        cfg = compose_config("translate", [f"run_dir={run_dir}", f"input={tmp_path / 'in.txt'}",
+                                           f"output={tmp_path / 'out.txt'}", f"ensemble={ensemble}"])
+        pipeline.translate(OmegaConf.to_object(cfg))
+        outputs.append((tmp_path / "out.txt").read_text(encoding="utf-8"))
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
+
+
 def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
     run_dir, _ = trained_run
     text = "a b c\n\nd e f g\n\u00e9\u00e8 \u2603 \U0001F600\nh\n"

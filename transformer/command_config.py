@@ -37,22 +37,22 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model.share_embeddings:
             check(self.data.tokenizer.joint, "model.share_embeddings",
-                   "needs one joint vocabulary (data.tokenizer.joint=true)")
+                  "needs one joint vocabulary (data.tokenizer.joint=true)")
         multiple = self.training.pad_to_multiple or 8  # unset: 8 on a GPU, the larger default
         longest = -(-(self.data.max_len + 1) // multiple) * multiple  # BOS or EOS added, rounded up to the multiple
         check(longest <= self.model.max_positions, "model.max_positions",
-               f"is {self.model.max_positions}, but training batches can be {longest} positions long "
-               f"(data.max_len={self.data.max_len}, + 1 for BOS/EOS, padded to a multiple of {multiple}); raise "
-               "model.max_positions or lower data.max_len")
+              f"is {self.model.max_positions}, but training batches can be {longest} positions long "
+              f"(data.max_len={self.data.max_len}, + 1 for BOS/EOS, padded to a multiple of {multiple}); raise "
+              "model.max_positions or lower data.max_len")
         if self.training.bpe_dropout > 0:
             tokenizer = self.data.tokenizer
             check(tokenizer.kind is TokenizerKind.sentencepiece and tokenizer.model_type is SentencePieceModel.bpe,
-                   "training.bpe_dropout", "needs SentencePiece BPE tokenizers (data.tokenizer.kind=sentencepiece, "
-                   f"data.tokenizer.model_type=bpe); this run has {tokenizer.kind.value}"
-                   + (f" ({tokenizer.model_type.value})" if tokenizer.kind is TokenizerKind.sentencepiece else ""))
+                  "training.bpe_dropout", "needs SentencePiece BPE tokenizers (data.tokenizer.kind=sentencepiece, "
+                  f"data.tokenizer.model_type=bpe); this run has {tokenizer.kind.value}"
+                  + (f" ({tokenizer.model_type.value})" if tokenizer.kind is TokenizerKind.sentencepiece else ""))
         check(self.training.r_drop == 0 or self.model.dropout > 0 or self.model.attention_dropout > 0,
-               "training.r_drop", "needs dropout (model.dropout or model.attention_dropout > 0): without it both "
-               "passes agree, and the step would cost twice as much for nothing")
+              "training.r_drop", "needs dropout (model.dropout or model.attention_dropout > 0): without it both "
+              "passes agree, and the step would cost twice as much for nothing")
 
 
 @dataclass
@@ -61,6 +61,9 @@ class EvaluateConfig:
 
     run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
     checkpoint: Optional[str] = None  # or a checkpoint file
+    # More models to decode with it, each a run directory or a checkpoint file: an ensemble, whose next-token
+    # probabilities are the mean of its models' (transformer/ensemble.py). They must share its tokenizers.
+    ensemble: list[str] = field(default_factory=list)
     # What to score: a split of the run's corpus (default: its data.test_split), e.g. val or, for Multi30k, the
     # later test sets test_2017_flickr, test_2017_mscoco and test_2018_flickr (fetched and verified on demand);
     # or a pair of files.
@@ -77,12 +80,14 @@ class EvaluateConfig:
 
     def __post_init__(self) -> None:
         check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
-               "give exactly one of run_dir=... or checkpoint=...")
+              "give exactly one of run_dir=... or checkpoint=...")
         check((self.src_file is None) == (self.ref_file is None), "ref_file",
-               "src_file and ref_file go together")
+              "src_file and ref_file go together")
         check(self.split is None or self.src_file is None, "split", "give split=... or src_file/ref_file, not both")
         check(self.longer_than is None or self.longer_than >= 0, "longer_than",
-               f"must be >= 0 or null, got {self.longer_than}")
+              f"must be >= 0 or null, got {self.longer_than}")
+        check(not self.ensemble or not (self.attention.indices or self.attention.texts), "attention",
+              "attention maps are drawn for one model, not an ensemble: leave out ensemble=... to draw them")
 
 
 @dataclass
@@ -91,6 +96,7 @@ class TranslateConfig:
 
     run_dir: Optional[str] = None
     checkpoint: Optional[str] = None
+    ensemble: list[str] = field(default_factory=list)  # more models to decode with it (see EvaluateConfig)
     input: Optional[str] = None  # default: stdin
     output: Optional[str] = None  # default: stdout
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -98,7 +104,7 @@ class TranslateConfig:
 
     def __post_init__(self) -> None:
         check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
-               "give exactly one of run_dir=... or checkpoint=...")
+              "give exactly one of run_dir=... or checkpoint=...")
 
 
 @dataclass
@@ -131,7 +137,7 @@ class BenchmarkConfig:
         check(self.train_steps > 0, "train_steps", f"must be > 0, got {self.train_steps}")
         check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
         check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
-               f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
+              f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
 
 
 def register_configs() -> None:

@@ -151,7 +151,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check(self.corpus is not CorpusKind.custom or self.dir is not None, "data.dir",
-               "is required with data=custom, e.g. data.dir=/path/to/corpus")
+              "is required with data=custom, e.g. data.dir=/path/to/corpus")
         check(self.src != self.tgt, "data.src", f"source and target language are both {self.src!r}")
         check(self.max_pairs is None or self.max_pairs > 0, "data.max_pairs", f"must be > 0, got {self.max_pairs}")
         check(self.max_len >= 2, "data.max_len", f"must be >= 2, got {self.max_len}")
@@ -227,10 +227,10 @@ class ModelConfig:
             value = getattr(self, key)
             check(0.0 <= value < 1.0, f"model.{key}", f"must be in [0, 1), got {value}")
         check(self.positions is not PositionKind.rope or self.head_dim % 2 == 0, "model.positions",
-               f"rope rotates pairs of coordinates and needs an even head size, got {self.head_dim}")
+              f"rope rotates pairs of coordinates and needs an even head size, got {self.head_dim}")
         check(self.rope_base > 1.0, "model.rope_base", f"must be > 1, got {self.rope_base}")
         check(self.max_relative_distance >= 1, "model.max_relative_distance",
-               f"must be >= 1, got {self.max_relative_distance}")
+              f"must be >= 1, got {self.max_relative_distance}")
 
     @property
     def head_dim(self) -> int:
@@ -292,24 +292,24 @@ class TrainingConfig:
         check(self.max_tokens >= 16, "training.max_tokens", f"must be >= 16, got {self.max_tokens}")
         check(self.accumulate >= 1, "training.accumulate", f"must be >= 1, got {self.accumulate}")
         check(self.pad_to_multiple is None or self.pad_to_multiple >= 1, "training.pad_to_multiple",
-               f"must be >= 1 or null, got {self.pad_to_multiple}")
+              f"must be >= 1 or null, got {self.pad_to_multiple}")
         check(self.save_every_steps is None or self.save_every_steps > 0, "training.save_every_steps",
-               f"must be > 0 or null, got {self.save_every_steps}")
+              f"must be > 0 or null, got {self.save_every_steps}")
         check(self.save_every_minutes is None or self.save_every_minutes > 0, "training.save_every_minutes",
-               f"must be > 0 or null, got {self.save_every_minutes}")
+              f"must be > 0 or null, got {self.save_every_minutes}")
         check(self.lr > 0, "training.lr", f"must be > 0, got {self.lr}")
         check(self.warmup_steps >= 0, "training.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         check(0.0 <= self.min_lr <= self.lr, "training.min_lr", f"must be in [0, training.lr={self.lr}], got {self.min_lr}")
         check(self.eps > 0, "training.eps", f"must be > 0, got {self.eps}")
         check(self.weight_decay >= 0, "training.weight_decay", f"must be >= 0, got {self.weight_decay}")
         check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "training.betas",
-               f"must be two numbers in [0, 1), got {list(self.betas)}")
+              f"must be two numbers in [0, 1), got {list(self.betas)}")
         check(0.0 <= self.label_smoothing < 1.0, "training.label_smoothing",
-               f"must be in [0, 1), got {self.label_smoothing}")
+              f"must be in [0, 1), got {self.label_smoothing}")
         check(self.r_drop >= 0.0, "training.r_drop", f"must be >= 0, got {self.r_drop}")
         check(0.0 <= self.bpe_dropout < 1.0, "training.bpe_dropout", f"must be in [0, 1), got {self.bpe_dropout}")
         check(self.clip_grad_norm is None or self.clip_grad_norm > 0, "training.clip_grad_norm",
-               f"must be > 0 or null, got {self.clip_grad_norm}")
+              f"must be > 0 or null, got {self.clip_grad_norm}")
         check(self.patience is None or self.patience > 0, "training.patience", f"must be > 0 or null, got {self.patience}")
         for key in ("validate_every_steps", "valid_max_sentences", "threads"):
             value = getattr(self, key)
@@ -319,10 +319,10 @@ class TrainingConfig:
         check(self.keep_last >= 1, "training.keep_last", f"must be >= 1, got {self.keep_last}")
         check(self.average_last >= 0, "training.average_last", f"must be >= 0, got {self.average_last}")
         check(self.average_last <= self.keep_last, "training.average_last",
-               f"averages kept checkpoints only: raise training.keep_last to >= {self.average_last}")
+              f"averages kept checkpoints only: raise training.keep_last to >= {self.average_last}")
         if self.cuda_graphs:  # the device and the number of processes are checked where they are known
             check(self.accumulate == 1, "training.accumulate",
-                   f"training.cuda_graphs records one batch per step: must be 1, got {self.accumulate}")
+                  f"training.cuda_graphs records one batch per step: must be 1, got {self.accumulate}")
             check(not self.compile, "training.compile", "training.cuda_graphs replaces compilation: set one of the two")
 
 
@@ -345,14 +345,14 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check(self.beam_size >= 1, "eval.beam_size", f"must be >= 1, got {self.beam_size}")
         check(1 <= self.n_best <= self.beam_size, "eval.n_best",
-               f"must be in [1, eval.beam_size={self.beam_size}], got {self.n_best}")
+              f"must be in [1, eval.beam_size={self.beam_size}], got {self.n_best}")
         check(self.length_penalty >= 0, "eval.length_penalty", f"must be >= 0, got {self.length_penalty}")
         check(self.max_len_a >= 0, "eval.max_len_a", f"must be >= 0, got {self.max_len_a}")
         check(self.max_len_b >= 0, "eval.max_len_b", f"must be >= 0, got {self.max_len_b}")
         check(self.max_len_a > 0 or self.max_len_b > 0, "eval.max_len_b",
-               "eval.max_len_a and eval.max_len_b are both 0: no hypothesis could hold a token")
+              "eval.max_len_a and eval.max_len_b are both 0: no hypothesis could hold a token")
         check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size",
-               f"must be >= 1 or null, got {self.batch_size}")
+              f"must be >= 1 or null, got {self.batch_size}")
 
 
 @dataclass

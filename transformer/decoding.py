@@ -51,7 +51,8 @@ SelectEncoder = Callable[[Any, Tensor], Any]
 
 
 class Decoder(Protocol):
-    """What the searches need from a model (``transformer.model.Transformer`` is one)."""
+    """What the searches need from a model (``transformer.model.Transformer`` is one, ``transformer.ensemble.Ensemble``
+    another, with ``select_ensemble_encoder``)."""
 
     def encode(self, src: Tensor) -> Any: ...  # -> object with .src_mask (batch, 1, 1, src_len)
 

@@ -1,11 +1,13 @@
-"""Using a trained model: find its checkpoint in a run directory, rebuild it (no YAML needed), translate and
-score texts. (The searches themselves: ``decoding``; attention maps of a model's sentences:
+"""Using a trained model: find its checkpoint in a run directory, rebuild it (no YAML needed) or an ensemble of
+several, translate and score texts. (The searches themselves: ``decoding``; attention maps of a model's sentences:
 ``visualize.dump_attention``.)"""
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,23 +17,28 @@ from tqdm import tqdm
 
 from transformer import checkpoint as ckpt
 from transformer.command_config import TrainConfig
-from transformer.config import EvalConfig, from_plain_dict
+from transformer.config import ConfigError, EvalConfig, from_plain_dict
 from transformer.decoding import Decoder, beam_search, greedy_search
+from transformer.ensemble import Ensemble, select_ensemble_encoder
 from transformer.metrics import Scores, corpus_scores
-from transformer.model import Transformer, build_model
+from transformer.model import Transformer, build_model, select_encoder_output
 from transformer.runtime import decode_batch_size
-from transformer.tokenizer import Tokenizer, tokenizer_from_state
+from transformer.tokenizer import Tokenizer, tokenizer_digest, tokenizer_from_state
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class TrainedModel:
-    """A model ready for inference, with the tokenizers and training config it came with."""
+    """A model ready for inference, with the tokenizers and training config it came with (an ensemble's: those
+    of its first member, which the others share)."""
 
-    model: Transformer
+    model: Transformer | Ensemble
     src_tok: Tokenizer
     tgt_tok: Tokenizer
     config: TrainConfig
     path: Path
+    ensemble_paths: tuple[Path, ...] = ()  # an ensemble's other members
 
 
 def find_checkpoint(run_dir: str | Path) -> Path:
@@ -56,8 +63,45 @@ def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
     return TrainedModel(model, src_tok, tgt_tok, config, Path(path))
 
 
-def score_texts(model: Transformer, src: list[str], refs: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                eval_cfg: EvalConfig, device: torch.device, tgt_lang: str, progress: bool = True
+def load_ensemble(paths: Sequence[str | Path], device: torch.device) -> TrainedModel:
+    """The models of several checkpoint files as one :class:`~transformer.ensemble.Ensemble`; they must share the
+    first one's language pair and tokenizers (raises ``ConfigError`` naming the one that does not)."""
+    members = [load_trained(path, device) for path in paths]
+    first = members[0]
+
+    def identity(member: TrainedModel) -> tuple[str, str, str, str]:
+        data = member.config.data
+        return data.src, data.tgt, tokenizer_digest(member.src_tok), tokenizer_digest(member.tgt_tok)
+
+    for other in members[1:]:
+        if identity(other) != identity(first):
+            raise ConfigError(
+                f"ensemble: {other.path} ({other.config.data.src}->{other.config.data.tgt}) was not trained with the "
+                f"language pair and tokenizers of {first.path} ({first.config.data.src}->{first.config.data.tgt}); "
+                "an ensemble's models must share both (train them with the same data settings)")
+    return TrainedModel(Ensemble([member.model for member in members]).eval(), first.src_tok, first.tgt_tok,
+                        first.config, first.path, tuple(member.path for member in members[1:]))
+
+
+def load_model(run_dir: str | Path | None, checkpoint: str | Path | None, ensemble: Sequence[str | Path],
+               device: torch.device) -> TrainedModel:
+    """The model a run directory or checkpoint file names (give one); with ``ensemble`` (more run directories or
+    checkpoint files), the ensemble of it and those."""
+    path = Path(checkpoint) if checkpoint is not None else find_checkpoint(run_dir)
+    if not ensemble:
+        return load_trained(path, device)
+    others = []
+    for i, entry in enumerate(ensemble):
+        other = Path(entry)
+        if not other.exists():
+            raise ConfigError(f"ensemble[{i}]: {other} does not exist (give run directories or checkpoint files)")
+        others.append(find_checkpoint(other) if other.is_dir() else other)
+    log.info("decoding with an ensemble of %d models: %s", 1 + len(others), ", ".join(map(str, [path, *others])))
+    return load_ensemble([path, *others], device)
+
+
+def score_texts(model: Transformer | Ensemble, src: list[str], refs: list[str], src_tok: Tokenizer,
+                tgt_tok: Tokenizer, eval_cfg: EvalConfig, device: torch.device, tgt_lang: str, progress: bool = True
                 ) -> tuple[Scores, list[str]]:
     """Translate ``src`` (best hypothesis each, with a progress bar) and score it against ``refs`` with sacreBLEU
     (and, with ``eval.report_tokenized_bleu``, in the Multi30k papers' flavour for language ``tgt_lang``)."""
@@ -137,13 +181,13 @@ def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tens
 def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig,
             max_tgt_len: int) -> list[list[list[int]]]:
     """n-best token lists per sentence with the search ``cfg`` asks for."""
-    special = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)
+    select_encoder = select_ensemble_encoder if isinstance(model, Ensemble) else select_encoder_output
+    common = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, max_len_a=cfg.max_len_a,
+                  max_len_b=cfg.max_len_b, use_cache=cfg.use_cache, max_tgt_len=max_tgt_len,
+                  select_encoder=select_encoder)
     if cfg.beam_size == 1:
-        greedy = greedy_search(model, src, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
-                               use_cache=cfg.use_cache, max_tgt_len=max_tgt_len,
-                               drop_finished_at=0.25 if src.device.type == "cuda" else 0.0, **special)
+        greedy = greedy_search(model, src, drop_finished_at=0.25 if src.device.type == "cuda" else 0.0, **common)
         return [[tokens] for tokens in greedy]
     beams = beam_search(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, length_penalty=cfg.length_penalty,
-                        length_norm=cfg.length_norm, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
-                        use_cache=cfg.use_cache, max_tgt_len=max_tgt_len, **special)
+                        length_norm=cfg.length_norm, **common)
     return [[h.tokens for h in hyps] for hyps in beams]

@@ -27,7 +27,7 @@ from transformer.config import ConfigError, ModelConfig, flatten, from_plain_dic
 from transformer.corpus_files import corpus_paths, load_split
 from transformer.data import TranslationDataset, read_parallel
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
-from transformer.inference import TrainedModel, find_checkpoint, format_scores, load_trained, score_texts
+from transformer.inference import TrainedModel, format_scores, load_model, score_texts
 from transformer.inference import translate as translate_texts
 from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
@@ -49,10 +49,6 @@ from transformer.visualize import dump_attention
 
 log = logging.getLogger(__name__)
 _LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job-log format
-
-
-def _resolve_model_path(run_dir: str | None, checkpoint: str | None) -> Path:
-    return Path(checkpoint) if checkpoint is not None else find_checkpoint(run_dir)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -285,7 +281,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Score a trained model on its test split (or another split, or given files) and dump the requested attention
     maps."""
     device = choose_device(cfg.device)
-    trained = load_trained(_resolve_model_path(cfg.run_dir, cfg.checkpoint), device)
+    trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
     data = trained.config.data
     if cfg.src_file is not None:
         src, refs = read_parallel(cfg.src_file, cfg.ref_file)
@@ -303,6 +299,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     metrics = {"checkpoint": str(trained.path), "test_set": name, **asdict(scores), "eval": to_plain_dict(cfg.eval)}
+    if trained.ensemble_paths:
+        metrics["ensemble"] = [str(path) for path in trained.ensemble_paths]
     _write_json(out / "metrics.json", metrics)
     tracker = Tracker(out / "tensorboard", enabled=True)
     tracker.scalars(_test_scalars(scores), step=0)
@@ -327,7 +325,7 @@ def translate(cfg: TranslateConfig) -> None:
     device = choose_device(cfg.device)
     if cfg.output is not None:
         _check_output_file(cfg.output)  # before the work, not after it
-    trained = load_trained(_resolve_model_path(cfg.run_dir, cfg.checkpoint), device)
+    trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
     lines = _read_input(cfg.input)
     nbest = translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
                             trained.model.max_positions, progress=True)

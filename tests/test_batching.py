@@ -12,6 +12,7 @@ import torch
 from transformer.batching import (
     Batch,
     Prefetcher,
+    prefetched,
     TokenBucketSampler,
     batch_cost,
     collate,
@@ -227,3 +228,13 @@ def test_prefetcher_keeps_order_and_passes_errors_on():
     assert next(endless) == 0
     endless.close()
     assert not endless._thread.is_alive()
+
+
+def test_prefetched_uses_a_thread_only_for_cuda_and_stops_it_when_the_block_ends():
+    items = iter(range(5))
+    with prefetched(items, torch.device("cpu")) as batches:
+        assert batches is items  # on a CPU the step and the collation share the cores: nothing to overlap
+    endless = iter(int, 1)
+    with prefetched(endless, torch.device("cuda")) as batches:  # only the device's type is read: no GPU needed
+        assert isinstance(batches, Prefetcher) and next(batches) == 0
+    assert not batches._thread.is_alive()  # the block left with items still coming: the thread was stopped

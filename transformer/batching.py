@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, Iterator, Protocol, Sequence, TypeVar
 
@@ -213,6 +214,20 @@ class Prefetcher(Generic[T]):
         """Stop the thread and wait for it."""
         self._stop.set()
         self._thread.join()
+
+
+@contextmanager
+def prefetched(items: Iterator[T], device: torch.device, *, depth: int = 4) -> Iterator[Iterator[T]]:
+    """``items``, made ``depth`` ahead by a ``Prefetcher`` thread on CUDA (where the host would otherwise wait
+    for the device), or as they come elsewhere; the thread stops when the ``with`` block ends."""
+    if device.type != "cuda":
+        yield items
+        return
+    prefetcher = Prefetcher(items, depth=depth)
+    try:
+        yield prefetcher
+    finally:
+        prefetcher.close()
 
 
 class TokenBucketSampler:

@@ -33,7 +33,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer import pipeline
-from transformer.batching import Prefetcher, TokenBucketSampler
+from transformer.batching import TokenBucketSampler, prefetched
 from transformer.command_config import BenchmarkConfig, TrainConfig
 from transformer.config import ModelConfig, to_plain_dict
 from transformer.corpus_files import load_split
@@ -133,9 +133,7 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         log.info("CUDA graphs: recorded for the %d batch shapes of an epoch before the timed steps",
                  _one_step_per_shape(trainer))
     groups = _endless_groups(trainer.sampler, cfg.training.accumulate)
-    pinned = (_collated(trainer, group) for group in groups)
-    batches = Prefetcher(pinned, depth=4) if device.type == "cuda" else pinned
-    try:
+    with prefetched((_collated(trainer, group) for group in groups), device) as batches:
         start = time.perf_counter()
         for _ in range(cfg.untimed_steps):
             trainer.train_step(next(batches))
@@ -161,9 +159,6 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
             log.info("CUDA graphs: %d batch shapes recorded in all", trainer.graphs.n_shapes)
         if cfg.profile_steps:
             profile_steps(trainer, batches, cfg.profile_steps, device, Path(cfg.output_dir) / "profile.txt")
-    finally:
-        if isinstance(batches, Prefetcher):
-            batches.close()
     return TrainingSpeed(cfg.train_steps, seconds, float(src_tokens + tgt_tokens) / seconds,
                          float(tgt_tokens) / seconds, padded / seconds, float(flops / tgt_tokens), float(flops) / seconds)
 

@@ -142,6 +142,23 @@ def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any])
     return True
 
 
+def check_process_count(checkpoint: dict[str, Any], world_size: int) -> None:
+    """Refuse to finish, with ``world_size`` processes, an epoch that another number of processes began: an epoch's
+    batches are shared out by process, so where the rest of it lies depends on their number. A checkpoint written
+    at an epoch's end continues with any number (with fresh RNG seeds when the number differs).
+
+    Raises:
+        ValueError: naming both numbers and the ways out.
+    """
+    writers = len(checkpoint["rng"])  # one RNG state per process that wrote it
+    if writers != world_size and checkpoint["sampler"]["position"] > 0:
+        raise ValueError(
+            f"the checkpoint was written by {writers} process(es) in the middle of epoch {checkpoint['epoch'] + 1}, "
+            f"this run has {world_size}: an epoch's batches are shared out by process, so where the rest of it "
+            f"lies depends on their number. Resume with {writers} process(es), or from a checkpoint written at "
+            "an epoch's end (the validations' step_N.pt with training.validate_every_steps=null)")
+
+
 def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
     """The run directory and checkpoint file that ``resume=target`` (a run directory or a checkpoint) means."""
     target = Path(target)

@@ -7,13 +7,19 @@ wait, and under DDP one all-reduce, for everything the loop decides on.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from transformer import distributed
 from transformer.metrics import perplexity
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or gradient norm became NaN/inf; the last good checkpoint was left untouched."""
 
 
 @dataclass
@@ -28,6 +34,16 @@ class Reading:
     interrupt: bool  # some rank was asked to stop (Ctrl-C)
     late: bool  # some rank is past training.max_minutes
     save_due: bool  # some rank's training.save_every_minutes has come
+
+    def raise_if_diverged(self, step: int, first_step: int, last_good: Path) -> None:
+        """Raise ``TrainingDiverged`` if a step of the window (``first_step`` to ``step``) had a non-finite loss or
+        gradient norm; the trainer skipped those updates and ``last_good`` was not overwritten."""
+        if self.nonfinite_steps > 0 or not math.isfinite(self.loss_sum):
+            raise TrainingDiverged(
+                f"step {step}: loss per token {self.loss_sum / max(self.tokens, 1.0)}, gradient norm {self.grad_norm}, "
+                f"{self.nonfinite_steps:.0f} non-finite step(s) since step {first_step}; stopping. Their updates were "
+                f"skipped and the last good checkpoint ({last_good}) was not overwritten; lower training.lr, raise "
+                "training.warmup_steps or set training.clip_grad_norm.")
 
     def log_values(self, seconds: float, lr: float) -> dict[str, float]:
         """The scalars a log line and TensorBoard show for a window that lasted ``seconds``."""

@@ -42,25 +42,23 @@ import torch
 from torch import nn
 
 from transformer import distributed
-from transformer.batching import Prefetcher
+from transformer.batching import prefetched
 from transformer.cuda_graphs import StepGraphs
 from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointManager, check_plain
 from transformer.config import TrainingConfig
 from transformer.distributed import DistContext
+from transformer.early_stopping import EarlyStopping
 from transformer.metrics import perplexity
 from transformer.optim import learning_rate, set_learning_rate
+from transformer.resume import check_process_count
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
-from transformer.step_window import Reading, StepWindow
+from transformer.step_window import Reading, StepWindow, TrainingDiverged
 from transformer.tracking import ProgressBar, Tracker
 from transformer.train_step import BatchLike, TrainStep
 
 log = logging.getLogger(__name__)
 
 ValidateFn = Callable[[nn.Module, int], dict[str, float]]
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss or gradient norm became NaN/inf; the last good checkpoint was left untouched."""
 
 
 class SamplerLike(Protocol):
@@ -130,9 +128,7 @@ class Trainer:
         self._last_save = time.monotonic()
         self.step = 0  # optimizer steps completed
         self.epoch = 0  # epoch in progress (0-based)
-        self.best_bleu: float | None = None
-        self.best_step: int | None = None
-        self.bad_validations = 0
+        self.early_stopping = EarlyStopping(cfg.patience)
         self.last_valid_step: int | None = None
         self.last_metrics: dict[str, float] = {}
         self._sampler_positioned = False  # the sampler already points into self.epoch (load_state, epoch end)
@@ -178,9 +174,7 @@ class Trainer:
             "epoch": self.epoch,
             "sampler": dict(self._sampler_state),
             "rng": rng,
-            "best_bleu": self.best_bleu,
-            "best_step": self.best_step,
-            "bad_validations": self.bad_validations,
+            **self.early_stopping.state_dict(),
             "last_valid_step": self.last_valid_step,
             "last_metrics": dict(self.last_metrics),
             "train_seconds": self.train_seconds,
@@ -192,13 +186,8 @@ class Trainer:
         missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
         if missing:
             raise KeyError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
+        check_process_count(checkpoint, self.dist.world_size)
         rng = checkpoint["rng"]  # one state per process that wrote it
-        if len(rng) != self.dist.world_size and checkpoint["sampler"]["position"] > 0:
-            raise ValueError(
-                f"the checkpoint was written by {len(rng)} process(es) in the middle of epoch {checkpoint['epoch'] + 1}, "
-                f"this run has {self.dist.world_size}: an epoch's batches are shared out by process, so where the "
-                f"rest of it lies depends on their number. Resume with {len(rng)} process(es), or from a checkpoint "
-                "written at an epoch's end (the validations' step_N.pt with training.validate_every_steps=null)")
         self.model.load_state_dict(checkpoint["model"])
         self._step.load_optimizer_state(checkpoint["optimizer"])
         self.step = int(checkpoint["step"])
@@ -206,9 +195,7 @@ class Trainer:
         self.sampler.load_state_dict(checkpoint["sampler"])
         self._sampler_state = self.sampler.state_dict()
         self._sampler_positioned = True
-        self.best_bleu = checkpoint["best_bleu"]
-        self.best_step = checkpoint["best_step"]
-        self.bad_validations = int(checkpoint["bad_validations"])
+        self.early_stopping.load_state_dict(checkpoint)
         self.last_valid_step = checkpoint["last_valid_step"]
         self.last_metrics = dict(checkpoint.get("last_metrics", {}))
         self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
@@ -266,7 +253,8 @@ class Trainer:
             log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call%s",
                      reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0, graphs)
         return TrainResult(
-            steps=self.step, epochs=self.epoch, best_bleu=self.best_bleu, best_step=self.best_step,
+            steps=self.step, epochs=self.epoch, best_bleu=self.early_stopping.best_bleu,
+            best_step=self.early_stopping.best_step,
             stopped_early=reason == "early_stopping", reason=reason,
             wall_seconds=time.monotonic() - self._started, train_seconds=self.train_seconds,
             last_metrics=dict(self.last_metrics),
@@ -288,7 +276,7 @@ class Trainer:
     def _run(self) -> str:
         """Epochs and steps; returns why training stopped."""
         cfg = self.cfg
-        if self._patience_exhausted():
+        if self.early_stopping.exhausted:
             return "early_stopping"  # a resumed run that had already stopped early
         if cfg.max_minutes is not None and self._seconds_before >= cfg.max_minutes * 60.0:
             return "max_minutes"  # a resumed run that had already used its time (this call's time is not yet due)
@@ -310,35 +298,33 @@ class Trainer:
 
     def _batches(self) -> Iterator[tuple[BatchLike, dict]]:
         """This epoch's remaining batches, each with the sampler state right after it (what a checkpoint saves
-        once it is trained on); on CUDA collated ahead by a thread, into pinned memory."""
-        if self.device.type != "cuda":
-            return ((self.collate_fn(indices), self.sampler.state_dict()) for indices in self.sampler)
-        pinned = ((self.collate_fn(indices).pin_memory(), self.sampler.state_dict()) for indices in self.sampler)
-        return Prefetcher(pinned, depth=4)
+        once it is trained on); on CUDA pinned, for ``prefetched`` to collate them ahead."""
+        pin = self.device.type == "cuda"
+        for indices in self.sampler:
+            batch = self.collate_fn(indices)
+            yield batch.pin_memory() if pin else batch, self.sampler.state_dict()
 
     def _run_epoch(self) -> str | None:
         """The steps of one epoch (from the sampler's position); a stop reason, or None at the epoch's end."""
         cfg = self.cfg
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
             return "max_steps"
-        batches = self._batches()
         bar = ProgressBar(self.steps_per_epoch, enabled=cfg.progress_bar and self.dist.is_main,
                           desc=f"epoch {self.epoch + 1}")
         window = StepWindow(torch.zeros(4, device=self.device), first_step=self.step + 1)
         try:
-            while group := list(itertools.islice(batches, cfg.accumulate)):
-                stats, tokens = self.train_step([batch for batch, _ in group])
-                self.step += 1
-                self._sampler_state = group[-1][1]
-                window.add(stats, tokens)
-                bar.update(1)
-                reason = self._after_step(window, bar)
-                if reason is not None:
-                    return reason
+            with prefetched(self._batches(), self.device) as batches:
+                while group := list(itertools.islice(batches, cfg.accumulate)):
+                    stats, tokens = self.train_step([batch for batch, _ in group])
+                    self.step += 1
+                    self._sampler_state = group[-1][1]
+                    window.add(stats, tokens)
+                    bar.update(1)
+                    reason = self._after_step(window, bar)
+                    if reason is not None:
+                        return reason
             self._check(window, bar, log_now=True)  # the epoch's last steps, before validation or a checkpoint
         finally:
-            if isinstance(batches, Prefetcher):
-                batches.close()
             bar.close()
         return None
 
@@ -389,14 +375,7 @@ class Trainer:
         has come (or ``log_now``: the steps since the last log line would be lost to the log otherwise)."""
         reading = window.read(interrupt=self._interrupt_requested, late=self._out_of_time(),
                               save_due=self._save_due_by_time(), world_size=self.dist.world_size)
-        if reading.nonfinite_steps > 0 or not math.isfinite(reading.loss_sum):
-            raise TrainingDiverged(
-                f"step {self.step}: loss per token {reading.loss_sum / max(reading.tokens, 1.0)}, gradient norm "
-                f"{reading.grad_norm}, {reading.nonfinite_steps:.0f} non-finite step(s) since step "
-                f"{window.first_step}; stopping. Their updates were skipped and the last good checkpoint "
-                f"({self.checkpoints.last_path}) was not overwritten; lower training.lr, raise "
-                "training.warmup_steps or set training.clip_grad_norm."
-            )
+        reading.raise_if_diverged(self.step, window.first_step, self.checkpoints.last_path)
         if (log_now or self.step % self.cfg.log_every_steps == 0) and reading.tokens > 0:
             self._log(reading, window, bar)
         return reading
@@ -429,24 +408,16 @@ class Trainer:
             raise KeyError(f"validate() must return a 'bleu' entry; it returned keys {sorted(metrics)}")
         if "loss" in metrics and "ppl" not in metrics:
             metrics["ppl"] = perplexity(metrics["loss"], n_tokens=1)  # the loss is already per token
-        bleu = metrics["bleu"]
-        is_best = self.best_bleu is None or bleu > self.best_bleu
-        if is_best:
-            self.best_bleu, self.best_step, self.bad_validations = bleu, self.step, 0
-        else:
-            self.bad_validations += 1
+        is_best = self.early_stopping.update(metrics["bleu"], self.step)
         self.last_valid_step = self.step
         self.last_metrics = metrics
         self.tracker.scalars(metrics, self.step, prefix="valid")
         if self.dist.is_main:
             shown = " ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
-            log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown, self.best_bleu,
-                     self.best_step)
+            log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown,
+                     self.early_stopping.best_bleu, self.early_stopping.best_step)
         self.save_now("final" if final else "validation", is_best=is_best)
-        return self._patience_exhausted()
-
-    def _patience_exhausted(self) -> bool:
-        return self.cfg.patience is not None and self.bad_validations >= self.cfg.patience
+        return self.early_stopping.exhausted
 
     def request_interrupt(self) -> None:
         """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""

@@ -12,12 +12,12 @@ import torch
 from transformer.batching import (
     Batch,
     Prefetcher,
-    prefetched,
     TokenBucketSampler,
     batch_cost,
     collate,
     collate_arrays,
     padding_efficiency,
+    prefetched,
 )
 from transformer.data import TranslationDataset
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -220,10 +220,10 @@ def test_prefetcher_keeps_order_and_passes_errors_on():
         yield 1
         raise KeyError("bad batch")
 
-    prefetched = Prefetcher(failing())
-    assert next(prefetched) == 1
+    failing_items = Prefetcher(failing())
+    assert next(failing_items) == 1
     with pytest.raises(KeyError, match="bad batch"):
-        next(prefetched)
+        next(failing_items)
     endless = Prefetcher(iter(int, 1), depth=2)  # never ends: close() must still stop the thread
     assert next(endless) == 0
     endless.close()

@@ -15,7 +15,13 @@ from omegaconf import OmegaConf
 from transformer.checkpoint import CheckpointError, CheckpointManager, RunDir, save_checkpoint
 from transformer.command_config import TrainConfig
 from transformer.config import ConfigError, TrainingConfig, to_plain_dict
-from transformer.resume import abandon_later_history, check_resume_config, load_for_resume, saved_recipe
+from transformer.resume import (
+    abandon_later_history,
+    check_process_count,
+    check_resume_config,
+    load_for_resume,
+    saved_recipe,
+)
 from transformer.runtime import resolve_training
 
 
@@ -197,3 +203,11 @@ def test_resuming_when_the_best_checkpoint_was_rotated_away_forgets_the_best_rec
     state["best_step"] = 10  # the resumed history's best, rotated away long ago
     assert abandon_later_history(manager, state)
     assert not manager.best_path.exists()
+
+
+def test_an_epoch_begun_by_two_processes_is_finished_only_by_two():
+    mid_epoch = {"rng": [{}, {}], "sampler": {"position": 17}, "epoch": 2}
+    check_process_count(mid_epoch, world_size=2)
+    with pytest.raises(ValueError, match=r"written by 2 process\(es\) in the middle of epoch 3, this run has 1"):
+        check_process_count(mid_epoch, world_size=1)
+    check_process_count({**mid_epoch, "sampler": {"position": 0}}, world_size=1)  # at an epoch's end: any number

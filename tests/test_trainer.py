@@ -17,7 +17,8 @@ import torch
 from toy_training import copy_pairs, make_sampler, make_trainer, parameters, training_config
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Schedule
-from transformer.trainer import Trainer, TrainingDiverged
+from transformer.step_window import TrainingDiverged
+from transformer.trainer import Trainer
 
 PAIRS = copy_pairs(40, seed=1)
 

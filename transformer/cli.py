@@ -31,7 +31,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from transformer.data import DataError
     from transformer.glove import GloveError
     from transformer.tokenizer import TokenizerError
-    from transformer.trainer import TrainingDiverged
+    from transformer.step_window import TrainingDiverged
 
     return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError,
             HydraException)

@@ -2,7 +2,8 @@
 
 ``resume=RUN`` continues a run exactly where it stopped: the same model and the same batches in the same order.
 Keys that decide those must match the checkpoint's (:data:`RESUME_MUST_MATCH`, refused by name otherwise); keys
-that change only the optimisation from the resumed step on may differ, with a warning (:data:`RESUME_WARN`).
+that change only the optimisation from the resumed step on may differ, with a warning (:data:`RESUME_WARN`). An
+epoch begun by one number of processes is finished only by the same number (:func:`check_process_count`).
 """
 
 from __future__ import annotations

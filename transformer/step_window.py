@@ -2,7 +2,8 @@
 
 A step adds its statistics to the window without waiting for the device. A *read* (at the trainer's checks)
 packs them with the host's stop and save flags into one tensor and sums it over the ranks: one device-to-host
-wait, and under DDP one all-reduce, for everything the loop decides on.
+wait, and under DDP one all-reduce, for everything the loop decides on. A read that finds a non-finite loss or
+gradient norm stops training (:meth:`Reading.raise_if_diverged`).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from transformer.metrics import perplexity
 from transformer.optim import learning_rate, set_learning_rate
 from transformer.resume import check_process_count
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
-from transformer.step_window import Reading, StepWindow, TrainingDiverged
+from transformer.step_window import Reading, StepWindow
 from transformer.tracking import ProgressBar, Tracker
 from transformer.train_step import BatchLike, TrainStep
 
@@ -298,7 +298,7 @@ class Trainer:
 
     def _batches(self) -> Iterator[tuple[BatchLike, dict]]:
         """This epoch's remaining batches, each with the sampler state right after it (what a checkpoint saves
-        once it is trained on); on CUDA pinned, for ``prefetched`` to collate them ahead."""
+        once it is trained on); on CUDA pinned (``prefetched`` runs this ahead in a thread)."""
         pin = self.device.type == "cuda"
         for indices in self.sampler:
             batch = self.collate_fn(indices)

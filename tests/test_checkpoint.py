@@ -148,24 +148,27 @@ def _checkpoints_with_best_at_step_2(folder) -> None:
 
 
 @pytest.mark.parametrize(("averaged_bleu", "expected"), [(25.0, "average of the last 3 checkpoints"),
-                                                         (20.0, "best (step 2)"), (5.0, "best (step 2)")])
+                                                         (22.0, "best (step 2)"), (5.0, "best (step 2)")])
 def test_final_weights_keep_the_average_only_when_it_validates_higher(tmp_path, averaged_bleu, expected):
     _checkpoints_with_best_at_step_2(tmp_path)
+    scores = {2.0: 22.0, 3.0: averaged_bleu}  # by the weights' value: best.pt is 2, the mean of steps 2, 3, 4 is 3
     seen = []
     final = choose_final_weights(tmp_path, average_last=3,
-                                 validate=lambda weights: seen.append(weights["w"][0, 0].item()) or averaged_bleu)
-    assert seen == [3.0]  # validated once, on the mean of steps 2, 3, 4
+                                 validate=lambda weights: seen.append(weights["w"][0, 0].item()) or scores[seen[-1]])
+    assert seen == [2.0, 3.0]  # both validated again: best.pt's own 20.0 came from another search
     assert final.source == expected
-    assert final.valid_bleu == max(averaged_bleu, 20.0)
-    assert final.weights["w"][0, 0].item() == (3.0 if averaged_bleu > 20.0 else 2.0)
+    assert final.valid_bleu == max(averaged_bleu, 22.0)
+    assert final.weights["w"][0, 0].item() == (3.0 if averaged_bleu > 22.0 else 2.0)
 
 
 @pytest.mark.parametrize("average_last", [0, 1])
-def test_final_weights_without_averaging_are_best_and_not_validated(tmp_path, average_last):
+def test_final_weights_without_averaging_are_best_validated_once(tmp_path, average_last):
     _checkpoints_with_best_at_step_2(tmp_path)
+    seen = []
     final = choose_final_weights(tmp_path, average_last=average_last,
-                                 validate=lambda weights: pytest.fail("no averaged weights to validate"))
-    assert (final.source, final.valid_bleu, final.weights["w"][0, 0].item()) == ("best (step 2)", 20.0, 2.0)
+                                 validate=lambda weights: seen.append(weights["w"][0, 0].item()) or 21.5)
+    assert seen == [2.0]
+    assert (final.source, final.valid_bleu, final.weights["w"][0, 0].item()) == ("best (step 2)", 21.5, 2.0)
 
 
 def test_save_model_keeps_metadata_but_no_training_state(tmp_path):

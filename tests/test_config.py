@@ -70,22 +70,27 @@ def test_defaults_are_the_dataclass_defaults(compose_config):
 
 
 def test_the_measured_recipes_compose_as_documented(compose_config):
-    # multi30k_cpu pins the recipe its seeds were measured with, which since version 0.3 is exactly the defaults
+    # multi30k_cpu pins the recipe its seeds were measured with, which since version 0.4 is exactly the defaults
     cpu = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_cpu", *RUN]))
     model, training = cpu.model, cpu.training
     assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == (128, 4, 512, 4, 4)
     assert (model.dropout, model.attention_dropout) == (0.2, 0.1)
-    assert (training.lr, training.max_epochs, training.max_tokens, training.accumulate) == (2e-3, 46, 4096, 1)
+    assert (training.lr, training.max_epochs, training.max_tokens, training.accumulate) == (2e-3, 46, 2048, 1)
+    assert training.patience is None
     assert cpu == OmegaConf.to_object(compose_config("train", RUN))
-    # multi30k_half is version 0.2's default: the same model and recipe for 38 epochs
+    # multi30k_v03 is version 0.3's default: the same model in 4096-position batches, stopped by patience 8
+    v03 = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_v03", *RUN]))
+    assert v03.training == replace(cpu.training, max_tokens=4096, patience=8) and v03.model == cpu.model
+    # multi30k_half is version 0.2's default: version 0.3's for 38 epochs
     half = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_half", *RUN]))
-    assert half.training == replace(cpu.training, max_epochs=38) and half.model == cpu.model
+    assert half.training == replace(v03.training, max_epochs=38) and half.model == cpu.model
     # multi30k_small is the default before version 0.2, as its RESULTS rows were trained
     small = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_small", *RUN]))
     model, training = small.model, small.training
     assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == (256, 4, 1024, 3, 3)
     assert (model.dropout, model.attention_dropout) == (0.2, 0.0)
     assert (training.lr, training.max_epochs, training.max_tokens, training.accumulate) == (1e-3, 19, 2048, 2)
+    assert training.patience == 8
 
 
 @pytest.mark.parametrize("option", ["model/half.yaml", "training/default.yaml", "eval/beam.yaml"])

@@ -110,7 +110,7 @@ def test_the_refusal_gives_the_overrides_that_continue_the_run_as_trained(compos
                               "says 0.1; resume with the same model settings.")
     hint = message.split("To continue it as it was trained, add: ")[1].split()
     assert hint == ["model.attention_dropout=0.0", "model.d_ff=1024", "model.d_model=256", "model.n_decoder_layers=3",
-                    "model.n_encoder_layers=3", "training.accumulate=2", "training.max_tokens=2048",
+                    "model.n_encoder_layers=3", "training.accumulate=2",  # max_tokens 2048 is today's default
                     "training.betas=[0.9,0.99]", "training.lr=0.001"]  # refused keys, then optimisation ones
 
     def resumable(overrides: list[str]) -> None:  # passes, and warns of no changed optimisation setting
@@ -131,7 +131,7 @@ def test_resume_on_another_kind_of_device_is_refused_by_the_resolved_padding():
         check_resume_config(SAVED, on_gpu, "run/last.pt")
     # runs before version 0.2 could also leave max_tokens and accumulate to the device: not known, so not compared
     older = _set(_set(SAVED, "training.pad_to_multiple", None), "training.max_tokens", None)
-    check_resume_config(older, _set(SAVED, "training.max_tokens", 2048), "run/last.pt")
+    check_resume_config(older, _set(SAVED, "training.max_tokens", 4096), "run/last.pt")
 
 
 def test_load_for_resume_takes_a_run_directory_or_a_checkpoint_file(tmp_path):

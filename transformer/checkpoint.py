@@ -349,19 +349,23 @@ def choose_final_weights(folder: str | Path, average_last: int,
     """``best.pt``, or the average of the newest ``average_last`` step checkpoints when that validates higher.
 
     Averaging the last checkpoints usually gains a little BLEU (Vaswani et al., 2017, §6.1), but not on
-    every run, so it is kept only when its own validation BLEU beats the best checkpoint's (ties: best).
+    every run, so it is kept only when its validation BLEU beats the best checkpoint's (ties: best). Both are
+    scored by ``validate``, not by the BLEU that made ``best.pt`` best: that one comes from greedy decoding during
+    training, and its highest epoch is often a noisy peak that the search the test set is decoded with does not
+    confirm (docs/RESULTS.md).
 
     Args:
         folder: a run's ``checkpoints/`` folder.
         average_last: ``training.average_last`` (0 or 1: best only).
-        validate: state dict -> validation BLEU; called once, on the averaged weights.
+        validate: state dict -> validation BLEU; called on the best and then on the averaged weights, so the
+            returned ``valid_bleu`` is always ``validate``'s.
     """
     best = load_checkpoint(Path(folder) / BEST_FILE, map_location="cpu")
-    chosen = FinalWeights(best["model"], f"best (step {best['step']})", float(best["best_bleu"]))
+    chosen = FinalWeights(best["model"], f"best (step {best['step']})", float(validate(best["model"])))
     paths = CheckpointManager(folder, keep_last=max(average_last, 1)).recent(average_last) if average_last > 1 else []
     if len(paths) < 2:
         return chosen
-    averaged = FinalWeights(average_checkpoints(paths), f"average of the last {len(paths)} checkpoints", 0.0)
-    averaged.valid_bleu = float(validate(averaged.weights))
+    weights = average_checkpoints(paths)
+    averaged = FinalWeights(weights, f"average of the last {len(paths)} checkpoints", float(validate(weights)))
     log.info("validation BLEU: best checkpoint %.2f, %s %.2f", chosen.valid_bleu, averaged.source, averaged.valid_bleu)
     return averaged if averaged.valid_bleu > chosen.valid_bleu else chosen

@@ -153,8 +153,12 @@ def test_final_weights_keep_the_average_only_when_it_validates_higher(tmp_path, 
     _checkpoints_with_best_at_step_2(tmp_path)
     scores = {2.0: 22.0, 3.0: averaged_bleu}  # by the weights' value: best.pt is 2, the mean of steps 2, 3, 4 is 3
     seen = []
-    final = choose_final_weights(tmp_path, average_last=3,
-                                 validate=lambda weights: seen.append(weights["w"][0, 0].item()) or scores[seen[-1]])
+
+    def validate(weights):
+        seen.append(weights["w"][0, 0].item())
+        return scores[seen[-1]]
+
+    final = choose_final_weights(tmp_path, average_last=3, validate=validate)
     assert seen == [2.0, 3.0]  # both validated again: best.pt's own 20.0 came from another search
     assert final.source == expected
     assert final.valid_bleu == max(averaged_bleu, 22.0)
@@ -165,8 +169,12 @@ def test_final_weights_keep_the_average_only_when_it_validates_higher(tmp_path, 
 def test_final_weights_without_averaging_are_best_validated_once(tmp_path, average_last):
     _checkpoints_with_best_at_step_2(tmp_path)
     seen = []
-    final = choose_final_weights(tmp_path, average_last=average_last,
-                                 validate=lambda weights: seen.append(weights["w"][0, 0].item()) or 21.5)
+
+    def validate(weights):
+        seen.append(weights["w"][0, 0].item())
+        return 21.5
+
+    final = choose_final_weights(tmp_path, average_last=average_last, validate=validate)
     assert seen == [2.0]
     assert (final.source, final.valid_bleu, final.weights["w"][0, 0].item()) == ("best (step 2)", 21.5, 2.0)
 

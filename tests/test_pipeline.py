@@ -42,6 +42,24 @@ def trained_run(compose_config, tmp_path_factory) -> tuple[Path, dict]:
     return root / "out", metrics
 
 
+def test_final_weights_are_chosen_with_the_test_search_on_the_validated_sentences(compose_config, toy_corpus,
+                                                                                tmp_path, monkeypatch):
+    decoded = []  # (sentences, beam size) of every scoring the final evaluation asks for
+
+    def recording_score_texts(model, src, refs, *args, **kwargs):
+        decoded.append((len(src), args[2].beam_size))
+        return score_texts(model, src, refs, *args, **kwargs)
+
+    score_texts = pipeline.score_texts
+    monkeypatch.setattr(pipeline, "score_texts", recording_score_texts)
+    metrics = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=6",
+                     "training.validate_every_steps=2", "training.valid_max_sentences=7", "eval.beam_size=2")
+    test_sentences = len(RunDir(tmp_path / "run").test_hypotheses.read_text().splitlines())
+    # best.pt, then the average of the last checkpoints, on the first 7 validation sentences; then the test set
+    assert decoded == [(7, 2), (7, 2), (test_sentences, 2)]
+    assert metrics["final_weights"].startswith(("best", "average of the last"))
+
+
 def test_training_run_writes_everything(trained_run):
     run_dir, metrics = trained_run
     run = RunDir(run_dir)

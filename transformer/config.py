@@ -277,7 +277,7 @@ class TrainingConfig:
     keep_last: int = 5  # periodic checkpoints to keep besides best.pt
     save_every_steps: Optional[int] = None  # also write last.pt every N steps, without validating
     save_every_minutes: Optional[float] = None  # also write last.pt every N minutes, without validating
-    average_last: int = 5  # the final model averages the last N checkpoints (0 or 1: use best.pt)
+    average_last: int = 5  # final.pt: best.pt or the average of the last N, the better under eval's search (0/1: best)
     n_samples: int = 3  # sample translations logged at each validation
     progress_bar: bool = True
 

@@ -187,7 +187,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     metrics: dict[str, Any] = {"train": asdict(result)}
     if dist.is_main:
         metrics.update(_final_evaluation(cfg, run, model, src_tok, tgt_tok, dist.device, tracker,
-                                         (valid_src, valid_ref), result.steps))
+                                         valid_src, valid_ref, result.steps))
         _write_json(run.metrics, metrics)
         tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
     tracker.close()
@@ -250,16 +250,16 @@ def _hparams(cfg: TrainConfig) -> dict[str, Any]:
 
 def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, src_tok: Tokenizer,
                       tgt_tok: Tokenizer, device: torch.device, tracker: Tracker,
-                      valid: tuple[list[str], list[str]], step: int) -> dict[str, Any]:
+                      valid_src: list[str], valid_ref: list[str], step: int) -> dict[str, Any]:
     """Choose the final weights, save them as final.pt (with tokenizers and config), score them on the test set.
 
     The candidates (the best checkpoint, the average of the last ones) are compared by their validation BLEU under
     the search the test set is decoded with (``cfg.eval``), on the sentences validation translates."""
-    n_valid = cfg.training.valid_max_sentences or len(valid[0])
+    n_valid = cfg.training.valid_max_sentences or len(valid_src)
 
     def validate_weights(weights: dict[str, torch.Tensor]) -> float:
         model.load_state_dict(weights)
-        scores, _ = score_texts(model, valid[0][:n_valid], valid[1][:n_valid], src_tok, tgt_tok, cfg.eval, device,
+        scores, _ = score_texts(model, valid_src[:n_valid], valid_ref[:n_valid], src_tok, tgt_tok, cfg.eval, device,
                                 cfg.data.tgt, progress=cfg.training.progress_bar)
         return scores.bleu
 

@@ -31,11 +31,12 @@ RESUME_MUST_MATCH = (
 )
 # Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
 RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")
-# Settings that change the optimisation from the resumed step on, but not the batches: allowed, with a warning.
+# Settings that change the optimisation (or when it stops) from the resumed step on, but not the batches: allowed,
+# with a warning.
 RESUME_WARN = (
     "training.lr", "training.warmup_steps", "training.schedule", "training.min_lr", "training.betas",
     "training.eps", "training.weight_decay", "training.label_smoothing", "training.clip_grad_norm",
-    "training.precision", "training.r_drop", "training.cuda_graphs",
+    "training.precision", "training.r_drop", "training.cuda_graphs", "training.patience",
 )
 
 
@@ -81,7 +82,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
                           f"{new[key]!r}; {why}. To continue it as it was trained, add: {as_trained}")
     for key in changed:
         log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
-                    "the new value (same batches, a different optimisation from here on)",
+                    "the new value (same batches, a different optimisation or stopping rule from here on)",
                     key, path, old[key], new[key])
 
 

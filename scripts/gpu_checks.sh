@@ -7,6 +7,10 @@
 #   scripts/gpu_checks.sh job      # the README's default job with CUDA graphs, timed whole; decoding its model
 #   scripts/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a device call: 10)
+#   scripts/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
+#                                          # (scripts/train_ensemble.sh); stopped after 9 minutes, the runs kept in
+#                                          # outputs/gpu_ensemble_DATA: call it again (the machine still warm) to
+#                                          # resume them and finish
 #
 # Needs MULTI30K_DIR (a copy of Multi30k that travelled with the tree) and hydra-core, omegaconf and
 # antlr4-python3-runtime importable (README: "GPU machines without hydra").
@@ -56,8 +60,19 @@ quality)
         "hydra.run.dir=$out/quality_$data"
     grep -h "training stopped\|final model\|test " "$out/quality_$data/train.log" | tail -n 8
     ;;
+ensemble)
+    data="${2:-multi30k_en_de}"
+    runs="outputs/gpu_ensemble_$data"  # outside $out: the next call resumes what this one leaves
+    # SIGINT, not timeout's SIGTERM: a run interrupted so saves last.pt after its current step
+    SEEDS="1234 1 2 3" PARALLEL=4 step "ensemble_$data" timeout -s INT -k 60 540 scripts/train_ensemble.sh "$runs" \
+        experiment=multi30k_cpu "data=$data" training.save_every_minutes=1
+    for log in "$runs"/seed_*/train.log; do
+        echo "$log: $(grep "validation: bleu" "$log" | tail -n 1)"
+    done
+    cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
+    ;;
 *)
-    echo "usage: $0 tests|speed|job|quality [DATA]" >&2
+    echo "usage: $0 tests|speed|job|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

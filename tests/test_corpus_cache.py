@@ -18,7 +18,7 @@ from transformer.config import CorpusKind, DataConfig, TokenizerConfig, Tokenize
 from transformer.corpus_cache import ReservoirSample, load_or_build
 from transformer.corpus_files import load_split
 from transformer.data import DataError, clean_pairs, normalize_space
-from transformer.tokenizer import WordTokenizer, build_tokenizers
+from transformer.tokenizer import WordTokenizer, build_tokenizers, tokenizer_digest
 
 from conftest import multi30k_dir
 
@@ -194,6 +194,35 @@ def test_a_crash_mid_write_leaves_no_usable_cache_and_the_next_call_rebuilds(tmp
     monkeypatch.undo()
     rebuilt = _arrays(load_or_build(_cfg(tmp_path))[2])
     assert all(np.array_equal(a, b) for a, b in zip(expected, rebuilt))
+
+
+def test_runs_started_together_share_the_tokenizers_published_first(tmp_path, corpus, monkeypatch):
+    """Two runs miss the cache at once and both train tokenizers: the one that publishes second must use the
+    published pair (an ensemble of the runs needs one pair), here simulated by another run publishing a
+    different vocabulary while this one trains."""
+    cfg = _cfg(tmp_path)
+    other = TokenizerConfig(kind=TokenizerKind.word, vocab_size=12)  # another vocabulary than cfg's
+    key = corpus_cache._tokenizer_key(cfg, corpus / "train.xx", corpus / "train.yy")
+    folder = corpus_cache._folder(Path(cfg.cache_dir), "tokenizers", cfg, key)
+
+    trained, published = [], []
+
+    def train_while_another_run_publishes(tok_cfg, src_text, tgt_text):
+        published.extend(build_tokenizers(other, src_text, tgt_text))
+        with corpus_cache._building(folder, key) as tmp:
+            corpus_cache.save_tokenizers(tmp, *published)
+            corpus_cache._write_meta(tmp, key, {"n_pairs": 0, "n_sentences": [0, 0]})
+        trained.extend(build_tokenizers(tok_cfg, src_text, tgt_text))
+        return tuple(trained)
+
+    def digests(pair) -> list[str]:
+        return [tokenizer_digest(tok) for tok in pair]
+
+    monkeypatch.setattr(corpus_cache, "build_tokenizers", train_while_another_run_publishes)
+    src_tok, tgt_tok, _ = load_or_build(cfg)
+    assert digests(trained) != digests(published)
+    assert digests((src_tok, tgt_tok)) == digests(published)
+    assert _folders(tmp_path, "tokenizers") == [folder.name]
 
 
 @pytest.mark.parametrize("damage", ["no meta.json", "truncated array", "other key"])

@@ -237,7 +237,9 @@ def cached_tokenizers(cfg: DataConfig, src_path: Path, tgt_path: Path,
         save_tokenizers(tmp, src_tok, tgt_tok)
         _write_meta(tmp, key, {"n_pairs": n_pairs, "n_sentences": [len(src_text), len(tgt_text)]})
     log.info("tokenizers: saved in %s", folder)
-    return src_tok, tgt_tok, n_pairs
+    # What the cache holds, not what was just trained: a run started beside this one may have published its
+    # tokenizers first, and every run of these settings must share one pair (an ensemble of them needs it).
+    return (*load_tokenizers(folder), n_pairs)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Train one recipe with several seeds, then score the runs as one ensemble (docs/RESULTS.md, "Ensembles"): the
+# largest gain measured on Multi30k once a single model's recipe is trained to its end.
+#
+#   MULTI30K_DIR=../shared/data/multi30k scripts/train_ensemble.sh OUT_DIR [OVERRIDES...]
+#
+# OVERRIDES go to every training (e.g. experiment=multi30k_cpu data=multi30k_de_en). Environment:
+#   SEEDS="1234 1 2"   the members' seeds, one run each in OUT_DIR/seed_<seed> (its console in seed_<seed>.out)
+#   PARALLEL=1         how many to train at once: more only on a GPU, which one small model leaves mostly idle
+#                      (its steps are bound by host work), never on a 2-core CPU; the others start once the
+#                      first has its data ready (corpus copy, tokenizers, encoded split), so that all share it
+#   VALID_SPLIT=val    the corpus's validation split
+#   PYTHON=python      the interpreter that runs scripts/train.py and scripts/evaluate.py
+# Run it again after a crash (with the same OVERRIDES): a finished run (its metrics.json written) is kept, an
+# unfinished one resumed. Each run scores itself on the test set (train.log, metrics.json); the ensemble of all of
+# them, decoded with the eval settings among OVERRIDES, is scored on the validation and test splits in
+# OUT_DIR/ensemble_val and OUT_DIR/ensemble_test (metrics.json, hypotheses.txt).
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+    echo "usage: $0 OUT_DIR [OVERRIDES...]   (env: SEEDS=\"1234 1 2\", PARALLEL=1)" >&2
+    exit 2
+fi
+out=$1
+shift
+read -r -a seeds <<<"${SEEDS:-1234 1 2}"
+parallel=${PARALLEL:-1}
+python=${PYTHON:-python}
+if [[ ${#seeds[@]} -lt 2 ]]; then
+    echo "SEEDS names ${#seeds[@]} seed; an ensemble needs at least 2" >&2
+    exit 2
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+
+member() {  # member SEED OVERRIDES...: train, resume or keep the run of one seed; console output in seed_SEED.out
+    local seed=$1 run="$out/seed_$1" console="$out/seed_$1.out"
+    shift
+    local command=("$python" "$here/train.py" "$@" "training.seed=$seed" training.progress_bar=false)
+    if [[ -f $run/metrics.json ]]; then
+        echo "seed $seed: finished earlier, kept ($run)"
+        return 0
+    elif [[ -f $run/checkpoints/last.pt ]]; then  # the recipe must match the run's (the resume check says so)
+        echo "seed $seed: resuming $run"
+        command+=("resume=$run" "hydra.run.dir=$run.resumed")  # that command's own log
+    else
+        echo "seed $seed: training $run"
+        command+=("hydra.run.dir=$run")
+    fi
+    "${command[@]}" >>"$console" 2>&1 || { echo "seed $seed: failed, see $console" >&2; return 1; }
+}
+
+data_ready() {  # data_ready PID LOG: wait until the run PID logs its training data ready, or has stopped
+    while kill -0 "$1" 2>/dev/null && ! grep -qs "training pairs:" "$2"; do
+        sleep 2
+    done
+}
+
+failed=0
+running=0
+for seed in "${seeds[@]}"; do
+    member "$seed" "$@" &
+    running=$((running + 1))
+    if [[ $seed == "${seeds[0]}" && $parallel -gt 1 ]]; then
+        data_ready $! "$out/seed_$seed/train.log"
+    fi
+    if [[ $running -ge $parallel ]]; then
+        wait -n || failed=1
+        running=$((running - 1))
+    fi
+done
+while [[ $running -gt 0 ]]; do
+    wait -n || failed=1
+    running=$((running - 1))
+done
+if [[ $failed -ne 0 ]]; then
+    echo "run this script again, with the same overrides, to resume the failed training" >&2
+    exit 1
+fi
+
+others=()
+for seed in "${seeds[@]:1}"; do
+    others+=("$out/seed_$seed")
+done
+decoding=()  # the overrides evaluate shares with training: how to decode, on which device
+for override in "$@"; do
+    case $override in eval=* | eval.* | device=*) decoding+=("$override") ;; esac
+done
+ensemble=("run_dir=$out/seed_${seeds[0]}" "ensemble=[$(IFS=,; echo "${others[*]}")]" "${decoding[@]}")
+"$python" "$here/evaluate.py" "${ensemble[@]}" "split=${VALID_SPLIT:-val}" "hydra.run.dir=$out/ensemble_val"
+"$python" "$here/evaluate.py" "${ensemble[@]}" "hydra.run.dir=$out/ensemble_test"
+for seed in "${seeds[@]}"; do  # each member alone, as its run scored itself
+    grep -h "test (" "$out/seed_$seed/train.log" | tail -n 1 | sed "s/^.*test (/seed $seed: test (/" || true
+done

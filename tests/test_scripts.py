@@ -1,0 +1,69 @@
+"""The shell scripts in scripts/ that drive the commands: run on the toy corpus, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer.checkpoint import load_checkpoint
+
+from conftest import REPO
+
+RECIPE = ["data=toy_copy", "model=tiny", "eval=greedy", "training.max_tokens=256", "training.max_steps=6",
+          "training.validate_every_steps=3"]
+
+
+def _train_ensemble(out: Path, toy_corpus: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "train_ensemble.sh"), str(out), *RECIPE, f"data.dir={toy_corpus}",
+         "data.cache_dir=${data.dir}_cache", *overrides],
+        cwd=out.parent, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **env,
+             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+    )
+
+
+@pytest.mark.slow
+def test_train_ensemble_trains_every_seed_scores_the_ensemble_and_resumes(toy_corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ens"
+    first = _train_ensemble(out, toy_corpus, SEEDS="5 6", PARALLEL="2")
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    finals = [out / f"seed_{seed}" / "checkpoints" / "final.pt" for seed in (5, 6)]
+    members = [load_checkpoint(path) for path in finals]
+    assert [member["config"]["training"]["seed"] for member in members] == [5, 6]
+    assert not torch.equal(*(member["model"]["encoder.layers.0.feed_forward.linear1.weight"] for member in members))
+    for split, test_set in (("val", "val.src-tgt"), ("test", "test.src-tgt")):
+        metrics = json.loads((out / f"ensemble_{split}" / "metrics.json").read_text(encoding="utf-8"))
+        assert (metrics["test_set"], metrics["checkpoint"], metrics["ensemble"]) == (
+            test_set, str(finals[0]), [str(finals[1])])
+        assert metrics["eval"]["beam_size"] == 1  # the recipe's eval=greedy, not evaluate's default beam
+        assert f"{test_set}: BLEU" in first.stdout
+    assert "seed 5: test (" in first.stdout and "seed 6: test (" in first.stdout
+
+    # A crash before seed 6's end (its metrics.json not written): run again, seed 5 is kept and seed 6 resumed.
+    (out / "seed_6" / "metrics.json").unlink()
+    again = _train_ensemble(out, toy_corpus, SEEDS="5 6")
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "seed 5: finished earlier, kept" in again.stdout and "seed 6: resuming" in again.stdout
+    assert (out / "seed_6" / "metrics.json").is_file()
+    assert "resuming the run in" in (out / "seed_6" / "train.log").read_text(encoding="utf-8")
+
+
+def test_train_ensemble_stops_before_scoring_when_a_member_fails(toy_corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ens"
+    result = _train_ensemble(out, toy_corpus, "training.lr=-1", SEEDS="5 6")
+    assert result.returncode == 1
+    assert "seed 5: failed, see" in result.stderr and "run this script again" in result.stderr
+    assert "training.lr: must be > 0" in (out / "seed_5.out").read_text(encoding="utf-8")
+    assert not (out / "ensemble_val").exists()
+
+
+def test_train_ensemble_needs_two_seeds(tmp_path: Path) -> None:
+    result = _train_ensemble(tmp_path / "ens", tmp_path, SEEDS="5")
+    assert result.returncode == 2 and "an ensemble needs at least 2" in result.stderr

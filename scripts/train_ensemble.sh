@@ -5,7 +5,8 @@
 #   MULTI30K_DIR=../shared/data/multi30k scripts/train_ensemble.sh OUT_DIR [OVERRIDES...]
 #
 # OVERRIDES go to every training (e.g. experiment=multi30k_cpu data=multi30k_de_en). Environment:
-#   SEEDS="1234 1 2"   the members' seeds, one run each in OUT_DIR/seed_<seed> (its console in seed_<seed>.out)
+#   SEEDS="1234 1 2"   the members' seeds, one run each in OUT_DIR/seed_<seed> (its console in seed_<seed>.out);
+#                      with one seed, one run and no ensemble
 #   PARALLEL=1         how many to train at once: more only on a GPU, which one small model leaves mostly idle
 #                      (its steps are bound by host work), never on a 2-core CPU; the others start once the
 #                      first has its data ready (corpus copy, tokenizers, encoded split), so that all share it
@@ -25,8 +26,8 @@ shift
 read -r -a seeds <<<"${SEEDS:-1234 1 2}"
 parallel=${PARALLEL:-1}
 python=${PYTHON:-python}
-if [[ ${#seeds[@]} -lt 2 ]]; then
-    echo "SEEDS names ${#seeds[@]} seed; an ensemble needs at least 2" >&2
+if [[ ${#seeds[@]} -lt 1 ]]; then
+    echo "SEEDS names no seed" >&2
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -77,6 +78,10 @@ if [[ $failed -ne 0 ]]; then
     exit 1
 fi
 
+if [[ ${#seeds[@]} -eq 1 ]]; then  # one run: no ensemble to score
+    grep -h "test (" "$out/seed_${seeds[0]}/train.log" | tail -n 1 | sed "s/^.*test (/seed ${seeds[0]}: test (/" || true
+    exit 0
+fi
 others=()
 for seed in "${seeds[@]:1}"; do
     others+=("$out/seed_$seed")

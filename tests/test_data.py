@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +186,21 @@ def test_custom_corpus_through_config(tmp_path):
     assert corpus_paths(cfg, "train") == (tmp_path / "corpus/train.xx", tmp_path / "corpus/train.yy.gz")
     assert load_split(cfg, "train") == (["a b", "c", "d"], ["A B", "C", "D"])  # max_pairs=3, spaces normalized
     assert load_split(cfg, "dev") == (["v"], ["V"])  # max_pairs applies to the training split only
+
+
+def test_the_training_split_comes_from_train_dir_and_the_others_from_the_corpus(tmp_path):
+    cfg = replace(_custom_corpus(tmp_path / "corpus"), train_dir=str(tmp_path / "more"), max_pairs=None)
+    (tmp_path / "more").mkdir()
+    _write(tmp_path / "more/train.xx.gz", b"a b\nc\nd\ne\nf\n", compress=True)
+    _write(tmp_path / "more/train.yy.gz", b"A B\nC\nD\nE\nF\n", compress=True)
+    assert corpus_paths(cfg, "train") == (tmp_path / "more/train.xx.gz", tmp_path / "more/train.yy.gz")
+    assert load_split(cfg, "train") == (["a b", "c", "d", "e", "f"], ["A B", "C", "D", "E", "F"])
+    assert load_split(cfg, "dev") == (["v"], ["V"])
+    (tmp_path / "more/train.yy.gz").unlink()
+    with pytest.raises(DataError, match=r"more/train\.yy\[\.gz\]: file not found .*data\.train_dir needs files"):
+        corpus_paths(cfg, "train")
+    with pytest.raises(DataError, match=r"^data\.train_dir=.*nowhere: directory not found"):
+        corpus_paths(replace(cfg, train_dir=str(tmp_path / "nowhere")), "train")
 
 
 def test_custom_corpus_missing_or_ambiguous_files(tmp_path):

@@ -49,6 +49,7 @@ SAVED = to_plain_dict(replace(TrainConfig(), training=resolve_training(TrainingC
     ("training.max_tokens", 4097), ("training.accumulate", 7), ("training.seed", 99),
     ("training.pad_to_multiple", 3), ("data.max_len", 17), ("data.max_pairs", 10), ("data.src", "fr"),
     ("data.tokenizer.vocab_size", 123), ("model.d_model", 24), ("model.glove.freeze", True),
+    ("data.train_dir", "diversified"),
 ])
 def test_resume_refuses_a_setting_that_changes_batches_or_model(key, value):
     current = _set(SAVED, key, value)
@@ -93,6 +94,15 @@ def test_resume_treats_a_model_key_the_checkpoint_lacks_as_its_default():
     with pytest.raises(ConfigError, match=re.escape("model.attention.score: the checkpoint run/last.pt was trained "
                                                     "with 'scaled_dot', the config says 'additive'")):
         check_resume_config(older, _set(SAVED, "model.attention.score", "additive"), "run/last.pt")
+
+
+def test_resume_treats_a_data_key_the_checkpoint_lacks_as_its_default():
+    older = copy.deepcopy(SAVED)
+    del older["data"]["train_dir"]  # a checkpoint from before version 0.5
+    check_resume_config(older, SAVED, "run/last.pt")
+    with pytest.raises(ConfigError, match=re.escape("data.train_dir: the checkpoint run/last.pt was trained with "
+                                                    "None, the config says 'diversified'")):
+        check_resume_config(older, _set(SAVED, "data.train_dir", "diversified"), "run/last.pt")
 
 
 def test_the_refusal_gives_the_overrides_that_continue_the_run_as_trained(compose_config, caplog):

@@ -64,6 +64,32 @@ def test_train_ensemble_stops_before_scoring_when_a_member_fails(toy_corpus: Pat
     assert not (out / "ensemble_val").exists()
 
 
-def test_train_ensemble_needs_two_seeds(tmp_path: Path) -> None:
-    result = _train_ensemble(tmp_path / "ens", tmp_path, SEEDS="5")
-    assert result.returncode == 2 and "an ensemble needs at least 2" in result.stderr
+def test_train_ensemble_needs_a_seed(tmp_path: Path) -> None:
+    result = _train_ensemble(tmp_path / "ens", tmp_path, SEEDS=" ")
+    assert result.returncode == 2 and "SEEDS names no seed" in result.stderr
+
+
+@pytest.mark.slow
+def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_student(toy_corpus: Path,
+                                                                                     tmp_path: Path) -> None:
+    out = tmp_path / "div"
+    command = ["bash", str(REPO / "scripts" / "train_diversified.sh"), str(out), *RECIPE, f"data.dir={toy_corpus}",
+               "data.cache_dir=${data.dir}_cache"]
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "SEEDS": "5 6", "BACKWARD_SEEDS": "7 8",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    backward = load_checkpoint(out / "backward" / "seed_7" / "checkpoints" / "final.pt")["config"]["data"]
+    assert (backward["src"], backward["tgt"]) == ("tgt", "src")
+    assert json.loads((out / "backward" / "ensemble_test" / "metrics.json").read_text())["test_set"] == "test.tgt-src"
+    record = json.loads((out / "corpus" / "diversify.json").read_text(encoding="utf-8"))
+    assert record["forward"] == [str(out / "forward" / f"seed_{seed}" / "checkpoints" / "final.pt") for seed in (5, 6)]
+    assert (record["pairs"], record["written_pairs"]) == (400, 1200)
+    student = load_checkpoint(out / "student" / "seed_1234" / "checkpoints" / "final.pt")["config"]
+    assert student["data"]["train_dir"] == str(out / "corpus") and student["data"]["src"] == "src"
+    assert "seed 1234: test (test" in first.stdout
+
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "diversified corpus: made earlier, kept" in again.stdout
+    assert again.stdout.count("finished earlier, kept") == 5

@@ -106,6 +106,13 @@ def _translate(cfg: DictConfig) -> None:
     _run(pipeline.translate, cfg)
 
 
+@hydra.main(config_path=CONFIG_PATH, config_name="diversify", version_base="1.3")
+def _diversify(cfg: DictConfig) -> None:
+    from transformer import diversify
+
+    _run(diversify.run, cfg)
+
+
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_data", version_base="1.3")
 def _prepare_data(cfg: DictConfig) -> None:
     from transformer import pipeline
@@ -133,6 +140,11 @@ def evaluate_main() -> None:
 def translate_main() -> None:
     register_configs()
     _translate()
+
+
+def diversify_main() -> None:
+    register_configs()
+    _diversify()
 
 
 def prepare_data_main() -> None:

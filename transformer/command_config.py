@@ -1,5 +1,5 @@
-"""The root schema of each command: what ``transformer-train``, ``-evaluate``, ``-translate``, ``-prepare-data``
-and ``-benchmark`` compose from the config groups in ``config``, with the checks that span groups, and
+"""The root schema of each command: what ``transformer-train``, ``-evaluate``, ``-translate``, ``-prepare-data``,
+``-diversify`` and ``-benchmark`` compose from the config groups in ``config``, with the checks that span groups, and
 ``register_configs`` to store them in Hydra's ConfigStore under the names the YAML roots start from.
 """
 
@@ -108,6 +108,29 @@ class TranslateConfig:
 
 
 @dataclass
+class DiversifyConfig:
+    """``transformer-diversify``: extend a corpus's training split with its own translations (transformer/diversify.py)
+    into a new folder, which ``transformer-train data.train_dir=<out_dir>`` then trains on."""
+
+    # Models (run directories or checkpoint files) trained in the corpus's direction: they translate the training
+    # sources, decoded together as one ensemble when there are several. Their data config names the corpus.
+    forward: list[str] = field(default_factory=list)
+    # Models trained in the other direction, on the same corpus: they translate the training targets (none: only
+    # the forward translations are added).
+    backward: list[str] = field(default_factory=list)
+    out_dir: Optional[str] = None  # a new folder (existing split files there are never overwritten)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # the search that translates (diversify.yaml: beam 5)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check(len(self.forward) > 0, "forward", "give the forward models, e.g. forward=[outputs/train/<run>]")
+        check(self.out_dir is not None, "out_dir", "give the folder for the new training split, e.g. "
+              "out_dir=data/diversified")
+        check(self.eval.n_best == 1, "eval.n_best", f"one translation per sentence is kept: must be 1, got "
+              f"{self.eval.n_best}")
+
+
+@dataclass
 class PrepareDataConfig:
     """``transformer-prepare-data``: make a corpus ready: fetch and verify it, check every split, and build
     the tokenizers and the encoded training split in ``data.cache_dir`` so training starts from the cache."""
@@ -147,4 +170,5 @@ def register_configs() -> None:
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="prepare_data_schema", node=PrepareDataConfig)
+    cs.store(name="diversify_schema", node=DiversifyConfig)
     cs.store(name="benchmark_schema", node=BenchmarkConfig)

@@ -139,6 +139,9 @@ class DataConfig:
     src: str = "en"
     tgt: str = "de"
     train_split: str = "train"
+    # Read the training split from this folder ({train_split}.{lang}[.gz]) instead of the corpus's: e.g. the corpus
+    # extended with translated copies by transformer-diversify. Validation and test stay the corpus's own.
+    train_dir: Optional[str] = None
     valid_split: str = "val"
     test_split: str = "test_2016_flickr"
     max_pairs: Optional[int] = None  # keep only the first N training pairs (smoke runs)

@@ -219,16 +219,23 @@ def _find_split_file(directory: Path, split: str, lang: str, cfg: DataConfig) ->
     for path in (compressed, plain):
         if path.is_file():
             return path
-    how = (
-        "run `transformer-prepare-data` or set data.source_dir"
-        if cfg.corpus is CorpusKind.multi30k
-        else f"a custom corpus needs files named {{split}}.{{lang}}[.gz] in data.dir={cfg.corpus_dir}"
-    )
+    if split == cfg.train_split and cfg.train_dir is not None:
+        how = f"data.train_dir needs files named {split}.{{lang}}[.gz]"
+    elif cfg.corpus is CorpusKind.multi30k:
+        how = "run `transformer-prepare-data` or set data.source_dir"
+    else:
+        how = f"a custom corpus needs files named {{split}}.{{lang}}[.gz] in data.dir={cfg.corpus_dir}"
     raise DataError(f"{plain}[.gz]: file not found (data.corpus={cfg.corpus.value}, split {split!r}); {how}")
 
 
 def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
-    """Source and target file of ``split``; Multi30k files are fetched and verified first."""
+    """Source and target file of ``split``; Multi30k files are fetched and verified first. The training split comes
+    from ``data.train_dir`` when that is set."""
+    if split == cfg.train_split and cfg.train_dir is not None:
+        directory = Path(cfg.train_dir)
+        if not directory.is_dir():
+            raise DataError(f"data.train_dir={directory}: directory not found")
+        return _find_split_file(directory, split, cfg.src, cfg), _find_split_file(directory, split, cfg.tgt, cfg)
     directory = cfg.corpus_dir
     if cfg.corpus is CorpusKind.multi30k:
         prepare_multi30k(directory, langs=(cfg.src, cfg.tgt), splits=(split,), source_dir=cfg.source_dir)

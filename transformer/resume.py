@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from transformer.checkpoint import CheckpointError, CheckpointManager, RunDir, load_checkpoint
-from transformer.config import ConfigError, ModelConfig, flatten, to_plain_dict
+from transformer.config import ConfigError, DataConfig, ModelConfig, flatten, to_plain_dict
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 # Dotted keys (and their subtrees) a resumed run must share with its checkpoint: they shape the model or
 # the batches, and the exact resume (the same batches in the same order) depends on every one of them.
 RESUME_MUST_MATCH = (
-    "model", "data.corpus", "data.dir", "data.src", "data.tgt", "data.train_split", "data.max_pairs",
-    "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
+    "model", "data.corpus", "data.dir", "data.src", "data.tgt", "data.train_split", "data.train_dir",
+    "data.max_pairs", "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
     "training.accumulate", "training.pad_to_multiple", "training.bpe_dropout",
 )
 # Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
@@ -59,9 +59,9 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
             :data:`RESUME_MUST_MATCH` and :data:`RESUME_WARN`; e.g. a run of the defaults before version 0.2).
     """
     old, new = flatten(saved), flatten(current)
-    # A model key the checkpoint lacks came after it was written: it was trained with that key's default.
-    model_defaults = flatten(to_plain_dict(ModelConfig()), "model.")
-    old.update({key: model_defaults[key] for key in new.keys() - old.keys() if key in model_defaults})
+    # A model or data key the checkpoint lacks came after it was written: it was trained with that key's default.
+    defaults = {**flatten(to_plain_dict(ModelConfig()), "model."), **flatten(to_plain_dict(DataConfig()), "data.")}
+    old.update({key: defaults[key] for key in new.keys() - old.keys() if key in defaults})
     refused, changed = [], []
     for key in sorted(old.keys() & new.keys()):  # another key one side lacks (an older schema) is not compared
         if old[key] is None and key.startswith("training."):

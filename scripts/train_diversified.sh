@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Data diversification (docs/RESULTS.md, "Data diversification"): train teachers in both directions, extend the
+# training split with their translations of it (transformer-diversify), and train a student on the result.
+#
+#   MULTI30K_DIR=../shared/data/multi30k scripts/train_diversified.sh OUT_DIR [OVERRIDES...]
+#
+# OVERRIDES go to every training, teachers and students (e.g. data=multi30k_de_en, device=cuda). The steps, each
+# kept when run again after it finished and resumed when it did not (run the script again with the same OVERRIDES):
+#   OUT_DIR/forward    the corpus's direction, one run per seed in SEEDS, scored as an ensemble
+#                      (scripts/train_ensemble.sh)
+#   OUT_DIR/backward   the other direction (data.src and data.tgt swapped), one run per seed in BACKWARD_SEEDS
+#   OUT_DIR/corpus     the training split, then its sources with the forward ensemble's translations, then the
+#                      backward ensemble's translations with its targets: three times the pairs
+#   OUT_DIR/student    trained on OUT_DIR/corpus (data.train_dir) for STUDENT_EPOCHS epochs, validated and tested on
+#                      the corpus's own splits; with several STUDENT_SEEDS, one run each, scored as an ensemble
+# Environment: SEEDS="1234 1 2", BACKWARD_SEEDS="1234 1", STUDENT_SEEDS="1234", STUDENT_EPOCHS=15 (46 epochs of
+# the corpus over three times the pairs: about the default's number of updates), PARALLEL and PYTHON as in
+# scripts/train_ensemble.sh (PARALLEL only on a GPU).
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+    echo "usage: $0 OUT_DIR [OVERRIDES...]   (env: SEEDS, BACKWARD_SEEDS, STUDENT_SEEDS, STUDENT_EPOCHS, PARALLEL)" >&2
+    exit 2
+fi
+out=$1
+shift
+python=${PYTHON:-python}
+here=$(cd "$(dirname "$0")" && pwd)
+read -r -a forward_seeds <<<"${SEEDS:-1234 1 2}"
+read -r -a backward_seeds <<<"${BACKWARD_SEEDS:-1234 1}"
+
+SEEDS="${forward_seeds[*]}" "$here/train_ensemble.sh" "$out/forward" "$@"
+# The direction the recipe trains, as its first run resolved it: the backward teachers train the other one.
+read -r src tgt < <("$python" -c 'import sys; from omegaconf import OmegaConf
+data = OmegaConf.load(sys.argv[1]).data
+print(data.src, data.tgt)' "$out/forward/seed_${forward_seeds[0]}/.hydra/config.yaml")
+SEEDS="${backward_seeds[*]}" "$here/train_ensemble.sh" "$out/backward" "$@" "data.src=$tgt" "data.tgt=$src"
+
+runs() {  # runs DIR SEED...: the runs' folders, comma-separated, for a Hydra list
+    local dir=$1
+    shift
+    local seed folders=()
+    for seed in "$@"; do
+        folders+=("$dir/seed_$seed")
+    done
+    (IFS=,; echo "${folders[*]}")
+}
+if [[ -f $out/corpus/diversify.json ]]; then
+    echo "diversified corpus: made earlier, kept ($out/corpus)"
+else
+    rm -rf "$out/corpus"  # a crash before diversify.json leaves nothing worth keeping
+    devices=()
+    for override in "$@"; do
+        case $override in device=*) devices+=("$override") ;; esac
+    done
+    "$python" "$here/diversify.py" "forward=[$(runs "$out/forward" "${forward_seeds[@]}")]" \
+        "backward=[$(runs "$out/backward" "${backward_seeds[@]}")]" "out_dir=$out/corpus" \
+        "hydra.run.dir=$out/diversify" "${devices[@]}"
+fi
+
+student=("$@" "data.train_dir=$out/corpus" "training.max_epochs=${STUDENT_EPOCHS:-15}")
+SEEDS="${STUDENT_SEEDS:-1234}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"

@@ -9,13 +9,17 @@
 #   OUT_DIR/forward    the corpus's direction, one run per seed in SEEDS, scored as an ensemble
 #                      (scripts/train_ensemble.sh)
 #   OUT_DIR/backward   the other direction (data.src and data.tgt swapped), one run per seed in BACKWARD_SEEDS
+#                      (BACKWARD_SEEDS=none: no backward teachers, no back-translations)
 #   OUT_DIR/corpus     the training split, then its sources with the forward ensemble's translations, then the
-#                      backward ensemble's translations with its targets: three times the pairs
-#   OUT_DIR/student    trained on OUT_DIR/corpus (data.train_dir) for STUDENT_EPOCHS epochs, validated and tested on
-#                      the corpus's own splits; with several STUDENT_SEEDS, one run each, scored as an ensemble
+#                      backward ensemble's translations with its targets: three times the pairs (beam 5; of
+#                      OVERRIDES only device=... reaches this step)
+#   OUT_DIR/student    trained on OUT_DIR/corpus (data.train_dir; all of it: data.max_pairs=null) for STUDENT_EPOCHS
+#                      epochs, validated and tested on the corpus's own splits; with several STUDENT_SEEDS, one run
+#                      each, scored as an ensemble
 # Environment: SEEDS="1234 1 2", BACKWARD_SEEDS="1234 1", STUDENT_SEEDS="1234", STUDENT_EPOCHS=15 (46 epochs of
 # the corpus over three times the pairs: about the default's number of updates), PARALLEL and PYTHON as in
-# scripts/train_ensemble.sh (PARALLEL only on a GPU).
+# scripts/train_ensemble.sh (PARALLEL only on a GPU). A kept corpus is not remade when the teachers change:
+# remove OUT_DIR/corpus for that.
 set -euo pipefail
 if [[ $# -lt 1 ]]; then
     echo "usage: $0 OUT_DIR [OVERRIDES...]   (env: SEEDS, BACKWARD_SEEDS, STUDENT_SEEDS, STUDENT_EPOCHS, PARALLEL)" >&2
@@ -27,13 +31,24 @@ python=${PYTHON:-python}
 here=$(cd "$(dirname "$0")" && pwd)
 read -r -a forward_seeds <<<"${SEEDS:-1234 1 2}"
 read -r -a backward_seeds <<<"${BACKWARD_SEEDS:-1234 1}"
+if [[ ${#forward_seeds[@]} -eq 0 ]]; then
+    echo "SEEDS names no seed: the forward teachers need at least one" >&2
+    exit 2
+fi
+[[ ${backward_seeds[*]} == none ]] && backward_seeds=()
 
 SEEDS="${forward_seeds[*]}" "$here/train_ensemble.sh" "$out/forward" "$@"
-# The direction the recipe trains, as its first run resolved it: the backward teachers train the other one.
-read -r src tgt < <("$python" -c 'import sys; from omegaconf import OmegaConf
-data = OmegaConf.load(sys.argv[1]).data
-print(data.src, data.tgt)' "$out/forward/seed_${forward_seeds[0]}/.hydra/config.yaml")
-SEEDS="${backward_seeds[*]}" "$here/train_ensemble.sh" "$out/backward" "$@" "data.src=$tgt" "data.tgt=$src"
+if [[ ${#backward_seeds[@]} -gt 0 ]]; then
+    # The direction the recipe trains, as its first run stored it: the backward teachers train the other one.
+    direction=$("$python" -c 'import sys; from transformer.checkpoint import load_checkpoint
+data = load_checkpoint(sys.argv[1])["config"]["data"]
+print(data["src"], data["tgt"])' "$out/forward/seed_${forward_seeds[0]}/checkpoints/final.pt") || {
+        echo "could not read the language pair of $out/forward/seed_${forward_seeds[0]}" >&2
+        exit 1
+    }
+    read -r src tgt <<<"$direction"
+    SEEDS="${backward_seeds[*]}" "$here/train_ensemble.sh" "$out/backward" "$@" "data.src=$tgt" "data.tgt=$src"
+fi
 
 runs() {  # runs DIR SEED...: the runs' folders, comma-separated, for a Hydra list
     local dir=$1
@@ -53,9 +68,9 @@ else
         case $override in device=*) devices+=("$override") ;; esac
     done
     "$python" "$here/diversify.py" "forward=[$(runs "$out/forward" "${forward_seeds[@]}")]" \
-        "backward=[$(runs "$out/backward" "${backward_seeds[@]}")]" "out_dir=$out/corpus" \
+        "backward=[$(runs "$out/backward" ${backward_seeds[@]+"${backward_seeds[@]}"})]" "out_dir=$out/corpus" \
         "hydra.run.dir=$out/diversify" "${devices[@]}"
 fi
 
-student=("$@" "data.train_dir=$out/corpus" "training.max_epochs=${STUDENT_EPOCHS:-15}")
+student=("$@" "data.train_dir=$out/corpus" data.max_pairs=null "training.max_epochs=${STUDENT_EPOCHS:-15}")
 SEEDS="${STUDENT_SEEDS:-1234}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"

@@ -33,9 +33,12 @@ def test_diversified_pairs_are_the_original_then_the_forward_then_the_backward_p
 
 @pytest.fixture(scope="module")
 def toy_runs(compose_config, tmp_path_factory) -> dict[str, Path]:
-    """A toy copy corpus, a short run in its direction (src->tgt) and one in the other (tgt->src)."""
+    """A toy corpus whose targets are the sources upper-cased (so the sides cannot be mixed up unnoticed), a short
+    run in its direction (src->tgt) and one in the other (tgt->src)."""
     root = tmp_path_factory.mktemp("diversify")
     corpus = write_toy_corpus(root / "toy", n_train=80)
+    for split in ("train", "val", "test"):
+        (corpus / f"{split}.tgt").write_text((corpus / f"{split}.src").read_text().upper())
     runs = {"root": root, "corpus": corpus}
     for name, direction in (("forward", []), ("backward", ["data.src=tgt", "data.tgt=src"])):
         cfg = compose_config("train", [*TOY, f"data.dir={corpus}", f"data.cache_dir={root / 'cache'}",
@@ -66,7 +69,7 @@ def test_diversify_writes_the_split_translated_both_ways_and_never_overwrites(co
     src, tgt = read_parallel(corpus / "train.src", corpus / "train.tgt")
     forward = _translated(compose_config, toy_runs["forward"], corpus / "train.src", root / "forward.txt")
     backward = _translated(compose_config, toy_runs["backward"], corpus / "train.tgt", root / "backward.txt")
-    assert forward != tgt and backward != src  # 30 steps do not learn the copy: the translations are the models'
+    assert forward != tgt and backward != src  # 30 steps do not learn the task: the translations are the models'
     assert read_parallel(out / "train.src.gz", out / "train.tgt.gz") == (src + src + backward, tgt + forward + tgt)
     assert record["pairs"] == 80 and record["written_pairs"] == 240
     assert json.loads((out / "diversify.json").read_text()) == record
@@ -101,3 +104,18 @@ def test_diversify_names_the_missing_keys(compose_config):
         OmegaConf.to_object(compose_config("diversify", ["out_dir=x"]))
     with pytest.raises(Exception, match="out_dir: give the folder"):
         OmegaConf.to_object(compose_config("diversify", ["forward=[run]"]))
+
+
+def test_diversify_takes_checkpoint_files_and_names_a_missing_model_by_key(compose_config, toy_runs, tmp_path):
+    final = toy_runs["forward"] / "checkpoints" / "final.pt"
+
+    def run(*overrides: str) -> dict:
+        cfg = compose_config("diversify", ["eval=greedy", "device=cpu", f"out_dir={tmp_path / 'out'}", *overrides])
+        return diversify.run(OmegaConf.to_object(cfg))
+
+    with pytest.raises(ConfigError, match=r"^backward\[1\]: .*nowhere does not exist"):
+        run(f"forward=[{final}]", f"backward=[{toy_runs['backward']},{tmp_path / 'nowhere'}]")
+    with pytest.raises(ConfigError, match=r"^forward: no checkpoint in .*empty"):
+        (tmp_path / "empty").mkdir()
+        run(f"forward=[{tmp_path / 'empty'}]")
+    assert run(f"forward=[{final}]")["forward"] == [str(final)]

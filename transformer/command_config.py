@@ -119,7 +119,7 @@ class DiversifyConfig:
     # the forward translations are added).
     backward: list[str] = field(default_factory=list)
     out_dir: Optional[str] = None  # a new folder (existing split files there are never overwritten)
-    eval: EvalConfig = field(default_factory=EvalConfig)  # the search that translates (diversify.yaml: beam 5)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # the search that translates
     device: str = "auto"
 
     def __post_init__(self) -> None:

@@ -22,6 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from transformer.command_config import DiversifyConfig
 from transformer.config import ConfigError, to_plain_dict
 from transformer.corpus_files import corpus_paths, load_split
@@ -36,10 +38,10 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
     """Translate the forward models' training split both ways and write it, extended, to ``cfg.out_dir``;
     returns what ``out_dir/diversify.json`` records."""
     device = choose_device(cfg.device)
-    forward = load_model(cfg.forward[0], None, cfg.forward[1:], device)
+    forward = _load("forward", cfg.forward, device)
     data = replace(forward.config.data, train_dir=None)  # the corpus's own training split, whatever trained them
     check_free(cfg.out_dir, data.train_split, data.src, data.tgt)
-    backward = load_model(cfg.backward[0], None, cfg.backward[1:], device) if cfg.backward else None
+    backward = _load("backward", cfg.backward, device) if cfg.backward else None
     if backward is not None and (backward.config.data.src, backward.config.data.tgt) != (data.tgt, data.src):
         raise ConfigError(f"backward: {backward.path} translates {backward.config.data.src}->"
                           f"{backward.config.data.tgt}; the forward models' corpus needs {data.tgt}->{data.src}")
@@ -68,6 +70,18 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
     log.info("wrote %d pairs (%d original) to %s; train on them with data.train_dir=%s", len(new_src), len(src),
              " and ".join(map(str, paths)), cfg.out_dir)
     return record
+
+
+def _load(key: str, models: list[str], device: torch.device) -> TrainedModel:
+    """The model, or ensemble, that ``models`` (run directories or checkpoint files) name; errors name ``key``."""
+    for i, model in enumerate(models):
+        if not Path(model).exists():
+            raise ConfigError(f"{key}[{i}]: {model} does not exist (give run directories or checkpoint files)")
+    first, others = Path(models[0]), models[1:]
+    try:
+        return load_model(None, first, others, device) if first.is_file() else load_model(first, None, others, device)
+    except (ConfigError, FileNotFoundError) as error:  # no checkpoint in a run directory; tokenizers that differ
+        raise ConfigError(f"{key}: {error}") from None
 
 
 def diversified_pairs(src: list[str], tgt: list[str], forward: list[str],
@@ -110,8 +124,11 @@ def write_split(folder: str | Path, split: str, src_lang: str, tgt_lang: str, sr
     for path, lines in zip(paths, (src, tgt)):
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(handle, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
-                out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+            with os.fdopen(handle, "wb") as raw:
+                with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as out:
+                    out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+                raw.flush()
+                os.fsync(raw.fileno())  # on disk before diversify.json, written last, says the split is done
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)

@@ -14,9 +14,9 @@
 #                      backward ensemble's translations with its targets: three times the pairs (beam 5; of
 #                      OVERRIDES only device=... reaches this step)
 #   OUT_DIR/student    trained on OUT_DIR/corpus (data.train_dir; all of it: data.max_pairs=null) for STUDENT_EPOCHS
-#                      epochs, validated and tested on the corpus's own splits; with several STUDENT_SEEDS, one run
-#                      each, scored as an ensemble
-# Environment: SEEDS="1234 1 2", BACKWARD_SEEDS="1234 1", STUDENT_SEEDS="1234", STUDENT_EPOCHS=15 (46 epochs of
+#                      epochs, validated and tested on the corpus's own splits; one run per seed in STUDENT_SEEDS,
+#                      scored as an ensemble (on Multi30k's validation set three students beat two, two beat one)
+# Environment: SEEDS="1234 1 2", BACKWARD_SEEDS="1234 1", STUDENT_SEEDS="1234 1 2", STUDENT_EPOCHS=15 (46 epochs of
 # the corpus over three times the pairs: about the default's number of updates), PARALLEL and PYTHON as in
 # scripts/train_ensemble.sh (PARALLEL only on a GPU). A kept corpus is not remade when the teachers change:
 # remove OUT_DIR/corpus for that.
@@ -73,4 +73,4 @@ else
 fi
 
 student=("$@" "data.train_dir=$out/corpus" data.max_pairs=null "training.max_epochs=${STUDENT_EPOCHS:-15}")
-SEEDS="${STUDENT_SEEDS:-1234}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"
+SEEDS="${STUDENT_SEEDS:-1234 1 2}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"

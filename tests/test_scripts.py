@@ -76,7 +76,7 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     command = ["bash", str(REPO / "scripts" / "train_diversified.sh"), str(out), *RECIPE, f"data.dir={toy_corpus}",
                "data.cache_dir=${data.dir}_cache"]
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "SEEDS": "5 6", "BACKWARD_SEEDS": "7 8",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+           "STUDENT_SEEDS": "1234", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     backward = load_checkpoint(out / "backward" / "seed_7" / "checkpoints" / "final.pt")["config"]["data"]

@@ -13,16 +13,21 @@
 #   OUT_DIR/corpus     the training split, then its sources with the forward ensemble's translations, then the
 #                      backward ensemble's translations with its targets: three times the pairs (beam 5; of
 #                      OVERRIDES only device=... reaches this step)
-#   OUT_DIR/student    trained on OUT_DIR/corpus (data.train_dir; all of it: data.max_pairs=null) for STUDENT_EPOCHS
-#                      epochs, validated and tested on the corpus's own splits; one run per seed in STUDENT_SEEDS,
-#                      scored as an ensemble (on Multi30k's validation set three students beat two, two beat one)
-# Environment: SEEDS="1234 1 2", BACKWARD_SEEDS="1234 1", STUDENT_SEEDS="1234 1 2", STUDENT_EPOCHS=15 (46 epochs of
-# the corpus over three times the pairs: about the default's number of updates), PARALLEL and PYTHON as in
-# scripts/train_ensemble.sh (PARALLEL only on a GPU). A kept corpus is not remade when the teachers change:
-# remove OUT_DIR/corpus for that.
+#   OUT_DIR/student_wide  students of model=wide (the default model at 1.5 times the width), trained on
+#                      OUT_DIR/corpus (data.train_dir; all of it: data.max_pairs=null) for STUDENT_EPOCHS epochs,
+#                      validated and tested on the corpus's own splits; one run per seed in WIDE_STUDENT_SEEDS
+#                      (none: no wide student)
+#   OUT_DIR/student    students of the recipe's own model, trained the same way, one run per seed in STUDENT_SEEDS;
+#                      all students, wide ones included, scored as one ensemble (OUT_DIR/student/ensemble_val and
+#                      ensemble_test). On Multi30k's validation set three students beat two, two beat one, and the
+#                      wide one added to the three beat them.
+# Environment: SEEDS="1234 1 2", BACKWARD_SEEDS="1234 1", STUDENT_SEEDS="1234 1 2", WIDE_STUDENT_SEEDS="1234",
+# STUDENT_EPOCHS=15 (46 epochs of the corpus over three times the pairs: about the default's number of updates),
+# PARALLEL and PYTHON as in scripts/train_ensemble.sh (PARALLEL only on a GPU). A kept corpus is not remade when the
+# teachers change: remove OUT_DIR/corpus for that.
 set -euo pipefail
 if [[ $# -lt 1 ]]; then
-    echo "usage: $0 OUT_DIR [OVERRIDES...]   (env: SEEDS, BACKWARD_SEEDS, STUDENT_SEEDS, STUDENT_EPOCHS, PARALLEL)" >&2
+    echo "usage: $0 OUT_DIR [OVERRIDES...]   (environment: see the header of $0)" >&2
     exit 2
 fi
 out=$1
@@ -73,4 +78,11 @@ else
 fi
 
 student=("$@" "data.train_dir=$out/corpus" data.max_pairs=null "training.max_epochs=${STUDENT_EPOCHS:-15}")
-SEEDS="${STUDENT_SEEDS:-1234 1 2}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"
+read -r -a wide_seeds <<<"${WIDE_STUDENT_SEEDS:-1234}"
+[[ ${wide_seeds[*]} == none ]] && wide_seeds=()
+wide_runs=()
+if [[ ${#wide_seeds[@]} -gt 0 ]]; then
+    SEEDS="${wide_seeds[*]}" "$here/train_ensemble.sh" "$out/student_wide" "${student[@]}" model=wide  # after OVERRIDES: wins
+    wide_runs=("${wide_seeds[@]/#/$out/student_wide/seed_}")
+fi
+MORE_MEMBERS="${wide_runs[*]}" SEEDS="${STUDENT_SEEDS:-1234 1 2}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"

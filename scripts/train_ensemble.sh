@@ -11,6 +11,8 @@
 #                      (its steps are bound by host work), never on a 2-core CPU; the others start once the
 #                      first has its data ready (corpus copy, tokenizers, encoded split), so that all share it
 #   VALID_SPLIT=val    the corpus's validation split
+#   MORE_MEMBERS=      finished runs of another recipe on the same data (run folders, space-separated; e.g. a larger
+#                      model), scored with these runs as one ensemble
 #   PYTHON=python      the interpreter that runs scripts/train.py and scripts/evaluate.py
 # Run it again after a crash (with the same OVERRIDES): a finished run (its metrics.json written) is kept, an
 # unfinished one resumed. Each run scores itself on the test set (train.log, metrics.json); the ensemble of all of
@@ -30,6 +32,13 @@ if [[ ${#seeds[@]} -lt 1 ]]; then
     echo "SEEDS names no seed" >&2
     exit 2
 fi
+read -r -a more_members <<<"${MORE_MEMBERS:-}"
+for run in ${more_members[@]+"${more_members[@]}"}; do  # checked before hours of training, not after
+    if [[ ! -f $run/checkpoints/final.pt ]]; then
+        echo "MORE_MEMBERS: $run is not a finished run (no $run/checkpoints/final.pt)" >&2
+        exit 2
+    fi
+done
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 
@@ -78,21 +87,28 @@ if [[ $failed -ne 0 ]]; then
     exit 1
 fi
 
-if [[ ${#seeds[@]} -eq 1 ]]; then  # one run: no ensemble to score
-    grep -h "test (" "$out/seed_${seeds[0]}/train.log" | tail -n 1 | sed "s/^.*test (/seed ${seeds[0]}: test (/" || true
+members=()
+for seed in "${seeds[@]}"; do
+    members+=("$out/seed_$seed")
+done
+members+=(${more_members[@]+"${more_members[@]}"})
+test_line() {  # test_line LABEL RUN: the run's own test score, as its training logged it
+    grep -h "test (" "$2/train.log" | tail -n 1 | sed "s|^.*test (|$1: test (|" || true
+}
+if [[ ${#members[@]} -eq 1 ]]; then  # one run: no ensemble to score
+    test_line "seed ${seeds[0]}" "${members[0]}"
     exit 0
 fi
-others=()
-for seed in "${seeds[@]:1}"; do
-    others+=("$out/seed_$seed")
-done
 decoding=()  # the overrides evaluate shares with training: how to decode, on which device
 for override in "$@"; do
     case $override in eval=* | eval.* | device=*) decoding+=("$override") ;; esac
 done
-ensemble=("run_dir=$out/seed_${seeds[0]}" "ensemble=[$(IFS=,; echo "${others[*]}")]" "${decoding[@]}")
+ensemble=("run_dir=${members[0]}" "ensemble=[$(IFS=,; echo "${members[*]:1}")]" "${decoding[@]}")
 "$python" "$here/evaluate.py" "${ensemble[@]}" "split=${VALID_SPLIT:-val}" "hydra.run.dir=$out/ensemble_val"
 "$python" "$here/evaluate.py" "${ensemble[@]}" "hydra.run.dir=$out/ensemble_test"
 for seed in "${seeds[@]}"; do  # each member alone, as its run scored itself
-    grep -h "test (" "$out/seed_$seed/train.log" | tail -n 1 | sed "s/^.*test (/seed $seed: test (/" || true
+    test_line "seed $seed" "$out/seed_$seed"
+done
+for run in ${more_members[@]+"${more_members[@]}"}; do
+    test_line "$run" "$run"
 done

@@ -69,6 +69,14 @@ def test_train_ensemble_needs_a_seed(tmp_path: Path) -> None:
     assert result.returncode == 2 and "SEEDS names no seed" in result.stderr
 
 
+def test_train_ensemble_refuses_an_unfinished_extra_member_before_training(tmp_path: Path) -> None:
+    missing = tmp_path / "not_a_run"
+    result = _train_ensemble(tmp_path / "ens", tmp_path, SEEDS="5", MORE_MEMBERS=str(missing))
+    assert result.returncode == 2
+    assert f"MORE_MEMBERS: {missing} is not a finished run" in result.stderr
+    assert not (tmp_path / "ens").exists()
+
+
 @pytest.mark.slow
 def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_student(toy_corpus: Path,
                                                                                      tmp_path: Path) -> None:
@@ -76,7 +84,7 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     command = ["bash", str(REPO / "scripts" / "train_diversified.sh"), str(out), *RECIPE, f"data.dir={toy_corpus}",
                "data.cache_dir=${data.dir}_cache"]
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "SEEDS": "5 6", "BACKWARD_SEEDS": "7 8",
-           "STUDENT_SEEDS": "1234", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+           "STUDENT_SEEDS": "1234", "WIDE_STUDENT_SEEDS": "9", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     backward = load_checkpoint(out / "backward" / "seed_7" / "checkpoints" / "final.pt")["config"]["data"]
@@ -88,8 +96,13 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     student = load_checkpoint(out / "student" / "seed_1234" / "checkpoints" / "final.pt")["config"]
     assert student["data"]["train_dir"] == str(out / "corpus") and student["data"]["src"] == "src"
     assert "seed 1234: test (test" in first.stdout
+    wide = load_checkpoint(out / "student_wide" / "seed_9" / "checkpoints" / "final.pt")["config"]
+    assert wide["model"]["d_model"] == 192 and wide["data"]["train_dir"] == str(out / "corpus")
+    scored = json.loads((out / "student" / "ensemble_test" / "metrics.json").read_text(encoding="utf-8"))
+    assert scored["ensemble"] == [str(out / "student_wide" / "seed_9" / "checkpoints" / "final.pt")]
+    assert f"{out / 'student_wide' / 'seed_9'}: test (test" in first.stdout
 
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "diversified corpus: made earlier, kept" in again.stdout
-    assert again.stdout.count("finished earlier, kept") == 5
+    assert again.stdout.count("finished earlier, kept") == 6

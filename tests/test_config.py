@@ -156,6 +156,15 @@ def test_r_drop_needs_dropout(compose_config):
         OmegaConf.to_object(compose_config("train", ["training.r_drop=5", "model.dropout=0", "model.attention_dropout=0", *RUN]))
     with_attention_dropout = ["training.r_drop=5", "model.dropout=0", "model.attention_dropout=0.1", *RUN]
     assert OmegaConf.to_object(compose_config("train", with_attention_dropout)).training.r_drop == 5
+    with_hidden_dropout = ["training.r_drop=5", "model.dropout=0", "model.attention_dropout=0",
+                           "model.activation_dropout=0.1", *RUN]
+    assert OmegaConf.to_object(compose_config("train", with_hidden_dropout)).training.r_drop == 5
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1])
+def test_activation_dropout_out_of_range_names_the_key(compose_config, value):
+    with pytest.raises(ConfigError, match=r"^model.activation_dropout: must be in \[0, 1\) or null"):
+        OmegaConf.to_object(compose_config("train", [f"model.activation_dropout={value}", *RUN]))
 
 
 def test_indivisible_heads_require_d_head():

@@ -212,6 +212,25 @@ def test_empty_source_gives_finite_outputs_and_gradients() -> None:
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize(("dropout", "activation_dropout", "hidden_rate"), [(0.5, None, 0.5), (0.5, 0.0, 0.0),
+                                                                      (0.0, 0.5, 0.5)])
+def test_activation_dropout_is_the_rate_of_the_feed_forward_hidden_layer(dropout, activation_dropout,
+                                                                         hidden_rate) -> None:
+    """Measured on the hidden activations themselves: model.activation_dropout drops them (model.dropout when null)
+    and scales the kept ones by 1 / (1 - rate), whatever the other dropouts are."""
+    model = _model(dropout=dropout, activation_dropout=activation_dropout).train()
+    feed_forward, seen = model.encoder.layers[0].feed_forward, {}
+    feed_forward.activation.register_forward_hook(lambda module, inputs, output: seen.update(activated=output))
+    feed_forward.linear2.register_forward_hook(lambda module, inputs, output: seen.update(dropped=inputs[0]))
+    model(*_batch())
+    alive = seen["activated"] != 0  # ReLU's zeros say nothing about dropout
+    activated, dropped = seen["activated"][alive], seen["dropped"][alive]
+    kept = dropped != 0
+    assert alive.sum() > 100
+    assert 1 - kept.float().mean().item() == pytest.approx(hidden_rate, abs=0.1)
+    assert torch.allclose(dropped[kept], activated[kept] / (1 - hidden_rate))
+
+
 def test_rope_needs_an_even_head_size_and_adds_no_parameters() -> None:
     with pytest.raises(ConfigError, match="model.positions: rope rotates pairs"):
         ModelConfig(d_model=15, n_heads=3, positions=PositionKind.rope)

@@ -50,9 +50,10 @@ class TrainConfig:
                   "training.bpe_dropout", "needs SentencePiece BPE tokenizers (data.tokenizer.kind=sentencepiece, "
                   f"data.tokenizer.model_type=bpe); this run has {tokenizer.kind.value}"
                   + (f" ({tokenizer.model_type.value})" if tokenizer.kind is TokenizerKind.sentencepiece else ""))
-        check(self.training.r_drop == 0 or self.model.dropout > 0 or self.model.attention_dropout > 0,
-              "training.r_drop", "needs dropout (model.dropout or model.attention_dropout > 0): without it both "
-              "passes agree, and the step would cost twice as much for nothing")
+        model = self.model
+        check(self.training.r_drop == 0 or max(model.dropout, model.attention_dropout, model.hidden_dropout) > 0,
+              "training.r_drop", "needs dropout (model.dropout, model.attention_dropout or model.activation_dropout "
+              "> 0): without it both passes agree, and the step would cost twice as much for nothing")
 
 
 @dataclass

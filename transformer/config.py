@@ -202,6 +202,7 @@ class ModelConfig:
     n_decoder_layers: int = 4
     dropout: float = 0.2  # 0.1 let Multi30k's validation loss rise after ~13 epochs (29k training pairs)
     attention_dropout: float = 0.1
+    activation_dropout: Optional[float] = None  # on the feed-forward hidden layer (None: model.dropout)
     activation: Activation = Activation.relu
     norm: NormPosition = NormPosition.pre
     positions: PositionKind = PositionKind.sinusoidal
@@ -229,6 +230,8 @@ class ModelConfig:
         for key in ("dropout", "attention_dropout"):
             value = getattr(self, key)
             check(0.0 <= value < 1.0, f"model.{key}", f"must be in [0, 1), got {value}")
+        check(self.activation_dropout is None or 0.0 <= self.activation_dropout < 1.0, "model.activation_dropout",
+              f"must be in [0, 1) or null (model.dropout), got {self.activation_dropout}")
         check(self.positions is not PositionKind.rope or self.head_dim % 2 == 0, "model.positions",
               f"rope rotates pairs of coordinates and needs an even head size, got {self.head_dim}")
         check(self.rope_base > 1.0, "model.rope_base", f"must be > 1, got {self.rope_base}")
@@ -239,6 +242,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """The per-head size actually used."""
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def hidden_dropout(self) -> float:
+        """The dropout rate actually used on the feed-forward hidden layer."""
+        return self.dropout if self.activation_dropout is None else self.activation_dropout
 
 
 @dataclass

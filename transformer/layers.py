@@ -18,7 +18,11 @@ from transformer.dropout import Dropout
 
 
 class FeedForward(nn.Module):
-    """Position-wise Linear(d_model, d_ff) -> activation -> dropout -> Linear(d_ff, d_model) (§3.3)."""
+    """Position-wise Linear(d_model, d_ff) -> activation -> dropout -> Linear(d_ff, d_model) (§3.3).
+
+    ``dropout`` acts on the hidden layer (the "activation dropout" of fairseq, the "relu dropout" of tensor2tensor);
+    the block's output is dropped by its :class:`Residual`.
+    """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation: Activation) -> None:
         super().__init__()
@@ -64,6 +68,7 @@ class LayerSizes:
     d_ff: int
     dropout: float
     attention_dropout: float
+    hidden_dropout: float  # the feed-forward hidden layer's
     activation: Activation
     norm: NormPosition
     score: AttentionScore = AttentionScore.scaled_dot
@@ -95,7 +100,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         s = sizes
         self.self_attn = s.self_attention()
-        self.feed_forward = FeedForward(s.d_model, s.d_ff, s.dropout, s.activation)
+        self.feed_forward = FeedForward(s.d_model, s.d_ff, s.hidden_dropout, s.activation)
         self.attn_block = Residual(s.d_model, s.dropout, s.norm)
         self.ff_block = Residual(s.d_model, s.dropout, s.norm)
 
@@ -130,7 +135,7 @@ class DecoderLayer(nn.Module):
         s = sizes
         self.self_attn = s.self_attention()
         self.cross_attn = s.cross_attention()
-        self.feed_forward = FeedForward(s.d_model, s.d_ff, s.dropout, s.activation)
+        self.feed_forward = FeedForward(s.d_model, s.d_ff, s.hidden_dropout, s.activation)
         self.self_block = Residual(s.d_model, s.dropout, s.norm)
         self.cross_block = Residual(s.d_model, s.dropout, s.norm)
         self.ff_block = Residual(s.d_model, s.dropout, s.norm)

@@ -83,7 +83,7 @@ class DecoderOutput:
 
 def _sizes(cfg: ModelConfig) -> LayerSizes:
     return LayerSizes(cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff, cfg.dropout, cfg.attention_dropout,
-                      cfg.activation, cfg.norm, score=cfg.attention.score,
+                      cfg.hidden_dropout, cfg.activation, cfg.norm, score=cfg.attention.score,
                       rope_base=cfg.rope_base if cfg.positions is PositionKind.rope else None,
                       max_positions=cfg.max_positions,
                       max_relative_distance=cfg.max_relative_distance if cfg.positions is PositionKind.relative else None)

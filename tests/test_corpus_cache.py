@@ -268,7 +268,7 @@ def test_bad_input_names_file_and_line_and_caches_nothing(tmp_path, corpus):
     with pytest.raises(DataError, match=rf"{corpus / 'train.yy'}:3: invalid UTF-8 at byte \d+ \(byte 3 of the line\)"):
         load_or_build(_cfg(tmp_path))
     (corpus / "train.yy").write_text("only one line\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"train\.xx has 124 lines but .*train\.yy has 1 lines \(line 2 has no"):
+    with pytest.raises(DataError, match=r"train\.xx has 124 lines but .*train\.yy has 1 line \(line 2 has no"):
         load_or_build(_cfg(tmp_path))
     assert not list((tmp_path / "cache").glob("*/*"))
 

@@ -93,9 +93,12 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def _length_mismatch(src_path: str | Path, n_src: int, tgt_path: str | Path, n_tgt: int) -> DataError:
+    def lines(n: int) -> str:
+        return f"{n} line" if n == 1 else f"{n} lines"
+
     return DataError(
-        f"parallel files differ in length: {src_path} has {n_src} lines but {tgt_path} has "
-        f"{n_tgt} lines (line {min(n_src, n_tgt) + 1} has no partner)"
+        f"parallel files differ in length: {src_path} has {lines(n_src)} but {tgt_path} has "
+        f"{lines(n_tgt)} (line {min(n_src, n_tgt) + 1} has no partner)"
     )
 
 

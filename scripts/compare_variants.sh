@@ -16,7 +16,8 @@ minutes=${MINUTES:-12}
 mkdir -p "$out"
 common=(model=mini eval=greedy training.threads=1 "training.max_minutes=$minutes" training.max_steps=500
         training.warmup_steps=200 training.valid_max_sentences=500 training.progress_bar=false
-        training.lr=1e-3 training.max_tokens=2048 training.accumulate=2 training.patience=8)  # the defaults it ran with
+        training.lr=1e-3 training.max_tokens=2048 training.accumulate=2 training.patience=8
+        training.weight_decay=0.0)  # the defaults it ran with
 # one test sentence for the alignment pictures (test_2016_flickr line 3: twelve words)
 python - "$out" <<'PY'
 import os

@@ -70,17 +70,20 @@ def test_defaults_are_the_dataclass_defaults(compose_config):
 
 
 def test_the_measured_recipes_compose_as_documented(compose_config):
-    # multi30k_cpu pins the recipe its seeds were measured with, which since version 0.4 is exactly the defaults
+    # multi30k_cpu pins the recipe its seeds were measured with, which since version 0.6 is exactly the defaults
     cpu = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_cpu", *RUN]))
     model, training = cpu.model, cpu.training
     assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == (128, 4, 512, 4, 4)
     assert (model.dropout, model.attention_dropout) == (0.2, 0.1)
     assert (training.lr, training.max_epochs, training.max_tokens, training.accumulate) == (2e-3, 46, 2048, 1)
-    assert training.patience is None
+    assert training.weight_decay == 0.05 and training.patience is None
     assert cpu == OmegaConf.to_object(compose_config("train", RUN))
-    # multi30k_v03 is version 0.3's default: the same model in 4096-position batches, stopped by patience 8
+    # multi30k_v04 is the default of versions 0.4 - 0.5: the same without weight decay
+    v04 = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_v04", *RUN]))
+    assert v04.training == replace(cpu.training, weight_decay=0.0) and v04.model == cpu.model
+    # multi30k_v03 is version 0.3's default: version 0.4's in 4096-position batches, stopped by patience 8
     v03 = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_v03", *RUN]))
-    assert v03.training == replace(cpu.training, max_tokens=4096, patience=8) and v03.model == cpu.model
+    assert v03.training == replace(v04.training, max_tokens=4096, patience=8) and v03.model == cpu.model
     # multi30k_half is version 0.2's default: version 0.3's for 38 epochs
     half = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_half", *RUN]))
     assert half.training == replace(v03.training, max_epochs=38) and half.model == cpu.model
@@ -90,7 +93,7 @@ def test_the_measured_recipes_compose_as_documented(compose_config):
     assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == (256, 4, 1024, 3, 3)
     assert (model.dropout, model.attention_dropout) == (0.2, 0.0)
     assert (training.lr, training.max_epochs, training.max_tokens, training.accumulate) == (1e-3, 19, 2048, 2)
-    assert training.patience == 8
+    assert training.weight_decay == 0.0 and training.patience == 8
 
 
 @pytest.mark.parametrize("option", ["model/half.yaml", "training/default.yaml", "eval/beam.yaml"])

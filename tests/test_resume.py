@@ -111,7 +111,7 @@ def test_the_refusal_gives_the_overrides_that_continue_the_run_as_trained(compos
     for key, value in [("model.d_model", 256), ("model.d_ff", 1024), ("model.n_encoder_layers", 3),
                        ("model.n_decoder_layers", 3), ("model.attention_dropout", 0.0), ("training.lr", 1e-3),
                        ("training.max_epochs", 19), ("training.max_tokens", 2048), ("training.accumulate", 2),
-                       ("training.betas", [0.9, 0.99]), ("training.patience", 8)]:
+                       ("training.betas", [0.9, 0.99]), ("training.weight_decay", 0.0), ("training.patience", 8)]:
         before = _set(before, key, value)
     with pytest.raises(ConfigError) as refusal:
         check_resume_config(before, SAVED, "run/last.pt")
@@ -121,7 +121,8 @@ def test_the_refusal_gives_the_overrides_that_continue_the_run_as_trained(compos
     hint = message.split("To continue it as it was trained, add: ")[1].split()
     assert hint == ["model.attention_dropout=0.0", "model.d_ff=1024", "model.d_model=256", "model.n_decoder_layers=3",
                     "model.n_encoder_layers=3", "training.accumulate=2",  # max_tokens 2048 is today's default
-                    "training.betas=[0.9,0.99]", "training.lr=0.001", "training.patience=8"]  # refused, then warned
+                    "training.betas=[0.9,0.99]", "training.lr=0.001", "training.patience=8",  # refused, then warned
+                    "training.weight_decay=0.0"]
 
     def resumable(overrides: list[str]) -> None:  # passes, and warns of no changed optimisation setting
         cfg = OmegaConf.to_object(compose_config("train", [*overrides, "output_dir=/runs/x"]))
@@ -135,14 +136,16 @@ def test_the_refusal_gives_the_overrides_that_continue_the_run_as_trained(compos
 
 
 def test_a_version_0_3_run_resumes_with_its_named_recipe(compose_config, caplog):
-    # version 0.3's default: today's model and schedule in 4096-position batches, early stopping after 8 validations
-    v03 = _set(_set(SAVED, "training.max_tokens", 4096), "training.patience", 8)
+    # version 0.3's default: today's model and schedule in 4096-position batches, early stopping after 8 validations,
+    # no weight decay
+    v03 = _set(_set(_set(SAVED, "training.max_tokens", 4096), "training.patience", 8), "training.weight_decay", 0.0)
     with pytest.raises(ConfigError) as refusal:
         check_resume_config(v03, SAVED, "run/last.pt")
-    assert str(refusal.value).split("add: ")[1].split() == ["training.max_tokens=4096", "training.patience=8"]
-    with caplog.at_level("WARNING"):  # the batches alone: it resumes, warned that it would no longer stop early
+    assert str(refusal.value).split("add: ")[1].split() == ["training.max_tokens=4096", "training.patience=8",
+                                                            "training.weight_decay=0.0"]
+    with caplog.at_level("WARNING"):  # the batches alone: it resumes, warned of the new stopping rule and decay
         check_resume_config(v03, _set(SAVED, "training.max_tokens", 4096), "run/last.pt")
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["training.patience"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["training.patience", "training.weight_decay"]
     cfg = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_v03", "output_dir=/runs/x"]))
     cfg = replace(cfg, training=resolve_training(cfg.training, CPU), data=TrainConfig().data)
     caplog.clear()

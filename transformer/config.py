@@ -266,7 +266,7 @@ class TrainingConfig:
     min_lr: float = 0.0  # floor for the cosine schedule
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
-    weight_decay: float = 0.0
+    weight_decay: float = 0.05  # AdamW's decoupled decay; not on biases, norms or embeddings (transformer/optim.py)
     label_smoothing: float = 0.1
     # R-Drop (Liang et al., 2021): > 0 runs each batch twice with independent dropout and adds the two predictions'
     # symmetric KL divergence, weighted as the paper's alpha (5 in its translation runs); twice the compute and

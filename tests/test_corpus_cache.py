@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from transformer import corpus_cache, corpus_encoding
-from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
+from transformer.config import ConfigError, CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
 from transformer.corpus_cache import ReservoirSample, load_or_build
 from transformer.corpus_files import load_split
 from transformer.data import DataError, clean_pairs, normalize_space
@@ -271,6 +271,20 @@ def test_bad_input_names_file_and_line_and_caches_nothing(tmp_path, corpus):
     with pytest.raises(DataError, match=r"train\.xx has 124 lines but .*train\.yy has 1 line \(line 2 has no"):
         load_or_build(_cfg(tmp_path))
     assert not list((tmp_path / "cache").glob("*/*"))
+
+
+def test_a_corpus_that_cleaning_empties_names_the_key_that_dropped_it(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.xx").write_text("a b c\n" * 5 + " \n", encoding="utf-8")
+    (folder / "train.yy").write_text("A B C\n" * 5 + "A\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^data\.max_len: cleaning dropped every training pair of .*train\.xx and "
+                                          r".*train\.yy \(6 read: 1 with an empty side, 5 too long, 0 with .*raise data"):
+        load_or_build(_cfg(tmp_path, max_len=2))
+    (folder / "train.yy").write_text("A B C D E F G\n" * 5 + "A\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^data\.max_len_ratio: .*\(6 read: 1 with an empty side, 0 too long, 5 with"):
+        load_or_build(_cfg(tmp_path, max_len=8, max_len_ratio=2.0))
+    assert not list((tmp_path / "cache" / "corpus").glob("*/*.npy"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -119,3 +119,13 @@ def test_a_local_write_failure_is_not_called_a_download_failure(server, tmp_path
     with pytest.raises(DataError, match=r"no such folder/val\.en\.gz: cannot write the file here") as info:
         download_file(f"{server}/good/val.en.gz", dest, MULTI30K_SHA256["val.en.gz"])
     assert "downloading" not in str(info.value)
+
+
+def test_a_disk_that_fills_at_the_rename_is_named_as_a_write_failure(server, tmp_path, monkeypatch):
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("transformer.corpus_files.os.replace", full)
+    with pytest.raises(DataError, match=r"val\.en\.gz: cannot write the file here \(\[Errno 28\] No space left"):
+        download_file(f"{server}/good/val.en.gz", tmp_path / "val.en.gz", MULTI30K_SHA256["val.en.gz"])
+    assert _names(tmp_path) == []  # the temporary file is gone too

@@ -290,6 +290,10 @@ def test_resuming_an_earlier_checkpoint_retrains_the_same_steps(compose_config, 
         assert torch.equal(weight, first[name]), name  # exact resume, from an earlier checkpoint too
     aside = sorted(p.name for p in (run.checkpoints / "abandoned_after_step_4").iterdir())
     assert aside[-2:] == ["last.pt", "step_8.pt"] and set(aside) <= {"best.pt", "final.pt", "last.pt", "step_8.pt"}
+    at_4 = _train(compose_config, toy_corpus, tmp_path / "elsewhere", *steps[1:], "training.max_steps=4",
+                  f"resume={run.checkpoints / 'step_4.pt'}")  # nothing left to train: final weights and test only
+    assert at_4["train"]["steps"] == 4 and "test_bleu" in at_4
+    assert torch.load(run.last, weights_only=True)["step"] == 4 and (run.checkpoints / "abandoned_after_step_4.2").is_dir()
 
 
 @pytest.mark.slow

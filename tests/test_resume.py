@@ -167,8 +167,8 @@ def test_load_for_resume_takes_a_run_directory_or_a_checkpoint_file(tmp_path):
     run = RunDir(tmp_path / "run")
     CheckpointManager(run.checkpoints, keep_last=2).save({**_weights_only(3), "config": SAVED}, 3, is_best=True)
     for target in (run.root, run.checkpoints / "step_3.pt"):
-        state, found = load_for_resume(target, SAVED)
-        assert found == run and state["step"] == 3
+        state, found, path = load_for_resume(target, SAVED)
+        assert found == run and state["step"] == 3 and path == (run.last if target == run.root else target)
     with pytest.raises(ConfigError, match="training.seed: "):
         load_for_resume(run.root, _set(SAVED, "training.seed", 5))
     save_checkpoint(_weights_only(3), run.last)
@@ -210,27 +210,28 @@ def _history(run: RunDir, steps: list[int], best: int) -> CheckpointManager:
 def test_resuming_an_earlier_checkpoint_sets_the_later_history_aside(tmp_path):
     run = RunDir(tmp_path / "run")
     manager = _history(run, [10, 20, 30, 40], best=40)
-    state, _ = load_for_resume(run.checkpoints / "step_20.pt", SAVED)
-    assert not abandon_later_history(manager, state)
+    state, _, path = load_for_resume(run.checkpoints / "step_20.pt", SAVED)
+    assert not abandon_later_history(manager, state, path)
     kept = sorted(p.name for p in run.checkpoints.glob("*.pt"))
-    assert kept == ["best.pt", "step_20.pt"]  # best.pt is the resumed history's best again: step 20
+    assert kept == ["best.pt", "last.pt", "step_20.pt"]  # best.pt is the resumed history's best again: step 20
     assert torch.load(run.best, weights_only=True)["step"] == 20 and manager.recent(5) == [run.checkpoints / "step_20.pt"]
+    assert torch.load(run.last, weights_only=True)["step"] == 20  # a run stopped before its next save resumes here
     aside = run.checkpoints / "abandoned_after_step_20"
     assert sorted(p.name for p in aside.iterdir()) == ["best.pt", "last.pt", "step_30.pt", "step_40.pt"]  # nothing lost
     assert torch.load(aside / "last.pt", weights_only=True)["step"] == 40
-    assert not abandon_later_history(manager, state)  # the history is already the resumed one: nothing to move
+    assert not abandon_later_history(manager, state, path)  # the history is already the resumed one: nothing to move
 
 
 def test_resuming_when_the_best_checkpoint_was_rotated_away_forgets_the_best_record(tmp_path):
     run = RunDir(tmp_path / "run")
     manager = _history(run, [10, 20, 30, 40, 50], best=20)  # step_20.pt rotated away, best.pt still holds step 20
-    state, _ = load_for_resume(run.checkpoints / "step_30.pt", SAVED)
-    assert not abandon_later_history(manager, state)  # best.pt (step 20) belongs to the resumed history: kept
+    state, _, path = load_for_resume(run.checkpoints / "step_30.pt", SAVED)
+    assert not abandon_later_history(manager, state, path)  # best.pt (step 20) belongs to the resumed history: kept
     assert torch.load(run.best, weights_only=True)["step"] == 20
     manager = _history(RunDir(tmp_path / "other"), [10, 20, 30, 40, 50], best=50)
-    state, _ = load_for_resume(tmp_path / "other" / "checkpoints" / "step_30.pt", SAVED)
+    state, _, path = load_for_resume(tmp_path / "other" / "checkpoints" / "step_30.pt", SAVED)
     state["best_step"] = 10  # the resumed history's best, rotated away long ago
-    assert abandon_later_history(manager, state)
+    assert abandon_later_history(manager, state, path)
     assert not manager.best_path.exists()
 
 

@@ -255,9 +255,44 @@ def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
     assert resumed.fit().steps == 2 * len(resumed.sampler)
 
 
-def test_max_steps_sets_the_schedule_length(tmp_path):
+def test_max_steps_or_max_epochs_whichever_comes_first_sets_the_schedule_length(tmp_path):
     cfg = training_config(max_steps=5, max_epochs=50, schedule=Schedule.cosine)
-    assert make_trainer(tmp_path, cfg, PAIRS).schedule_steps == 5
+    assert make_trainer(tmp_path / "a", cfg, PAIRS).schedule_steps == 5
+    cfg = training_config(max_steps=10_000, max_epochs=2, schedule=Schedule.cosine)
+    trainer = make_trainer(tmp_path / "b", cfg, PAIRS)
+    assert trainer.schedule_steps == 2 * len(trainer.sampler)  # training ends there, so must the decay
+
+
+def test_a_resume_that_moves_the_end_of_the_cosine_schedule_says_so(tmp_path, caplog):
+    cfg = training_config(max_epochs=2, schedule=Schedule.cosine, warmup_steps=2)
+    first = make_trainer(tmp_path, replace(cfg, max_steps=3), PAIRS)
+    first.fit()
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert state["schedule_steps"] == 3
+    for max_steps, warned in [(3, False), (5, True)]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="transformer.trainer"):
+            make_trainer(tmp_path, replace(cfg, max_steps=max_steps), PAIRS).load_state(state)
+        moved = [r.getMessage() for r in caplog.records if "cosine schedule" in r.getMessage()]
+        assert bool(moved) == warned
+    # step 4 of 3 sat at the floor (0); of 5, (1 + cos(pi * 2/3)) / 2 = 0.25 of the peak
+    assert moved == [f"the cosine schedule now reaches its floor at step 5, not 3 as when the checkpoint was written "
+                     f"(training.max_epochs / training.max_steps changed): step 4's learning rate goes from 0 to "
+                     f"{0.25 * cfg.lr:.3g}"]
+
+
+def test_a_run_resumed_at_an_epochs_last_step_does_not_validate_that_step_again(tmp_path):
+    per_epoch = len(make_sampler(PAIRS, training_config()))
+    first = make_trainer(tmp_path, training_config(max_steps=per_epoch, patience=1), PAIRS)
+    assert first.fit().reason == "max_steps"
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert state["sampler"] == {"epoch": 0, "position": per_epoch} and state["last_valid_step"] == per_epoch
+    resumed = make_trainer(tmp_path, training_config(max_steps=per_epoch + 2, patience=1), PAIRS)
+    resumed.load_state(state)
+    validated, validate = [], resumed.validate
+    resumed.validate = lambda model, step: (validated.append(step), validate(model, step))[1]
+    result = resumed.fit()  # a second validation of step per_epoch would not beat the best: patience 1 would stop
+    assert (result.reason, result.steps, validated) == ("max_steps", per_epoch + 2, [per_epoch + 2])
 
 
 @pytest.mark.parametrize("extra, error, message", [

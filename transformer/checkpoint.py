@@ -12,6 +12,7 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
     last_metrics     the latest validation's metrics (optional: older checkpoints lack it)
     train_seconds    seconds spent in ``Trainer.fit`` up to this checkpoint, resumed runs summed (optional)
     epoch_steps      optimizer steps in the run's first epoch: the cosine schedule's unit (optional)
+    schedule_steps   the step at which the cosine schedule reaches its floor (optional)
     reason           why it was written ("validation", "interrupt", "final", ...)
 
 plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every
@@ -41,10 +42,11 @@ CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
     "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
     "bad_validations", "last_valid_step", "last_metrics", "train_seconds", "epoch_steps",
-    "reason",
+    "schedule_steps", "reason",
 })
 # Keys a resume can do without: informational, or added after the first checkpoints were written.
-OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds", "epoch_steps"})
+OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds", "epoch_steps",
+                                   "schedule_steps"})
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU
@@ -260,6 +262,11 @@ class CheckpointManager:
     def mark_best(self, path: Path) -> None:
         """Make ``best.pt`` the checkpoint ``path`` (one of this folder's)."""
         _link_atomically(path, self.best_path)
+        _fsync_directory(self.directory)
+
+    def mark_last(self, path: Path) -> None:
+        """Make ``last.pt`` the checkpoint ``path`` (one of this folder's)."""
+        _link_atomically(path, self.last_path)
         _fsync_directory(self.directory)
 
     def set_aside_after(self, step: int) -> Path | None:

@@ -278,7 +278,7 @@ def _write_corpus(folder: Path, cfg: DataConfig, paths: tuple[Path, Path], src_t
             bar.update(len(keep))
         n_input, n_empty, n_long, n_ratio, n_changed = counts.tolist()
         if n_input == n_empty + n_long + n_ratio:
-            raise ConfigError(f"data.max_len: cleaning dropped every training pair ({paths[0]}, {paths[1]})")
+            raise _all_dropped(paths, n_input, n_empty, n_long, n_ratio)
         for writer in out.values():
             writer.finish()
     report = CleaningReport(n_input=n_input, n_kept=n_input - n_empty - n_long - n_ratio,
@@ -286,6 +286,16 @@ def _write_corpus(folder: Path, cfg: DataConfig, paths: tuple[Path, Path], src_t
                             n_bad_ratio=n_ratio, max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio)
     return {"n_pairs": report.n_kept, "src_tokens": ends["src"], "tgt_tokens": ends["tgt"],
             "token_dtype": dtype.name, "cleaning": asdict(report)}
+
+
+def _all_dropped(paths: tuple[Path, Path], n_input: int, n_empty: int, n_long: int, n_ratio: int) -> Exception:
+    """The error for a corpus that cleaning emptied, naming what to change for the reason that dropped most."""
+    why = (f"cleaning dropped every training pair of {paths[0]} and {paths[1]} ({n_input} read: {n_empty} with an "
+           f"empty side, {n_long} too long, {n_ratio} with too high a length ratio)")
+    if n_empty == n_input:
+        return DataError(f"{why}; are the files empty or blank?")
+    key = "data.max_len" if n_long >= n_ratio else "data.max_len_ratio"
+    return ConfigError(f"{key}: {why}; raise {key}")
 
 
 def _open_dataset(folder: Path, meta: dict[str, Any]) -> TranslationDataset:

@@ -99,12 +99,20 @@ def _write_verified(dest: Path, chunks: Iterable[bytes], expected: str, origin: 
                     raise _cannot_write(dest, err) from err
                 digest.update(chunk)
                 size += len(chunk)
+            try:  # a full disk may show only when the buffer is flushed
+                out.flush()
+                os.fsync(out.fileno())
+            except OSError as err:
+                raise _cannot_write(dest, err) from err
         if digest.hexdigest() != expected:
             raise DataError(
                 f"checksum mismatch for {origin}: expected sha256 {expected}, got {digest.hexdigest()}; "
                 f"{dest.name} was not saved"
             )
-        os.replace(tmp, dest)
+        try:
+            os.replace(tmp, dest)
+        except OSError as err:
+            raise _cannot_write(dest, err) from err
         return size
     finally:
         tmp.unlink(missing_ok=True)

@@ -109,9 +109,9 @@ def _start_run(cfg: TrainConfig, dist: DistContext) -> tuple[dict[str, Any] | No
                               f"overwrite; continue it with resume={run.root}, or train into another directory "
                               "(output_dir=... or hydra.run.dir=...)")
     else:
-        resumed, run = load_for_resume(cfg.resume, to_plain_dict(cfg))
+        resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
         checkpoints = ckpt.CheckpointManager(run.checkpoints, cfg.training.keep_last)
-        if broadcast_object(abandon_later_history(checkpoints, resumed) if dist.is_main else None):
+        if broadcast_object(abandon_later_history(checkpoints, resumed, path) if dist.is_main else None):
             resumed.update(best_bleu=None, best_step=None, bad_validations=0, last_valid_step=None)
     run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
     run.root.mkdir(parents=True, exist_ok=True)

@@ -100,8 +100,9 @@ def _override_value(value: Any) -> str:
     return text
 
 
-def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, RunDir]:
-    """The checkpoint to continue and the run directory the resumed run writes into (the original one).
+def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, RunDir, Path]:
+    """The checkpoint to continue, the run directory the resumed run writes into (the original one) and the
+    checkpoint's file.
 
     Args:
         target: a run directory (its ``last.pt`` is used) or a checkpoint file inside ``checkpoints/``.
@@ -115,13 +116,14 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
         raise CheckpointError(f"{path}: holds model weights only (no optimizer state), as final.pt and averaged "
                               f"checkpoints do; resume from {run.last} or the run directory {run.root}")
     check_resume_config(state["config"], config, path)
-    return state, run
+    return state, run, path
 
 
-def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any]) -> bool:
+def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any], path: Path) -> bool:
     """Resuming from an earlier checkpoint than the run's newest abandons the steps after it: move their
     checkpoints aside (nothing is deleted), so that rotation, averaging and ``best.pt`` hold the resumed history
-    only, and point ``best.pt`` at that history's best checkpoint again. Call it on one process.
+    only; point ``last.pt`` at the resumed checkpoint ``path`` (``state``'s file) and ``best.pt`` at that
+    history's best checkpoint again. Call it on one process.
 
     Returns:
         Whether that best checkpoint is gone (rotated away since): the resumed state's best record must then
@@ -133,6 +135,8 @@ def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any])
         return False
     log.warning("resuming at step %d, before the run's newest checkpoints: those of later steps are moved to %s",
                 step, folder)
+    if not checkpoints.last_path.is_file():  # a run that stops before its next save still has a last.pt
+        checkpoints.mark_last(path)
     if best_step is None or checkpoints.best_path.is_file():
         return False
     kept = checkpoints.directory / f"step_{best_step}.pt"

@@ -45,7 +45,7 @@ from transformer import distributed
 from transformer.batching import prefetched
 from transformer.cuda_graphs import StepGraphs
 from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointManager, check_plain
-from transformer.config import TrainingConfig
+from transformer.config import Schedule, TrainingConfig
 from transformer.distributed import DistContext
 from transformer.early_stopping import EarlyStopping
 from transformer.metrics import perplexity
@@ -151,13 +151,12 @@ class Trainer:
 
     @property
     def schedule_steps(self) -> int:
-        """The step at which a decaying schedule (cosine) reaches ``min_lr``: ``max_steps`` when given, else
-        ``max_epochs`` times the first epoch's steps (BPE-dropout epochs differ a little in length; the
-        schedule must not move with them). A ``max_minutes`` stop comes before that, with the rate not yet
+        """The step at which a decaying schedule (cosine) reaches ``min_lr``: ``max_epochs`` times the first
+        epoch's steps (BPE-dropout epochs differ a little in length; the schedule must not move with them), or
+        ``max_steps`` when that comes first. A ``max_minutes`` stop comes before that, with the rate not yet
         at its floor."""
-        if self.cfg.max_steps is not None:
-            return self.cfg.max_steps
-        return self.cfg.max_epochs * self._epoch_steps
+        by_epochs = self.cfg.max_epochs * self._epoch_steps
+        return by_epochs if self.cfg.max_steps is None else min(self.cfg.max_steps, by_epochs)
 
     # ---------------------------------------------------------------------------------------------
     # State
@@ -179,6 +178,7 @@ class Trainer:
             "last_metrics": dict(self.last_metrics),
             "train_seconds": self.train_seconds,
             "epoch_steps": self._epoch_steps,
+            "schedule_steps": self.schedule_steps,
         }
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
@@ -200,12 +200,24 @@ class Trainer:
         self.last_metrics = dict(checkpoint.get("last_metrics", {}))
         self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
         self._epoch_steps = int(checkpoint.get("epoch_steps", self._epoch_steps))
+        self._warn_if_the_schedule_moved(checkpoint.get("schedule_steps"))
         if len(rng) == self.dist.world_size:
             self._pending_rng, self._start_seed = rng[self.dist.rank], None
         else:
             log.warning("checkpoint has RNG states for %d rank(s), this run has %d: resuming with fresh seeds, "
                         "so the continuation is not bit-identical", len(rng), self.dist.world_size)
             self._pending_rng, self._start_seed = None, self.cfg.seed + 1000 * self.step + self.dist.rank
+
+    def _warn_if_the_schedule_moved(self, saved_steps: int | None) -> None:
+        """A resumed run whose max_epochs / max_steps end the cosine decay elsewhere jumps to another learning rate."""
+        if self.cfg.schedule is not Schedule.cosine or saved_steps is None or saved_steps == self.schedule_steps:
+            return
+        rates = [learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
+                               warmup_steps=self.cfg.warmup_steps, max_steps=steps, min_lr=self.cfg.min_lr)
+                 for steps in (saved_steps, self.schedule_steps)]
+        log.warning("the cosine schedule now reaches its floor at step %d, not %d as when the checkpoint was written "
+                    "(training.max_epochs / training.max_steps changed): step %d's learning rate goes from %.3g to "
+                    "%.3g", self.schedule_steps, saved_steps, self.step + 1, *rates)
 
     def save_now(self, reason: str, *, is_best: bool = False) -> None:
         """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
@@ -292,7 +304,8 @@ class Trainer:
             self.sampler.set_epoch(self.epoch)  # checkpoints written now resume at the next epoch's start
             self._sampler_state = self.sampler.state_dict()
             self._sampler_positioned = True
-            if cfg.validate_every_steps is None and self._validate_and_save():
+            # A run resumed from the end of an epoch has already validated this step (its last one).
+            if cfg.validate_every_steps is None and self.last_valid_step != self.step and self._validate_and_save():
                 return "early_stopping"
         return "max_epochs"
 

@@ -254,7 +254,7 @@ class TrainingConfig:
     """The optimisation loop. ``max_epochs``/``max_steps``/``max_minutes``: whichever comes first."""
 
     seed: int = 1234
-    max_epochs: int = 46  # the default model on Multi30k: 52 min on a fast 2-core CPU (measured), ~3 h on a slow one
+    max_epochs: int = 46  # the default model on Multi30k: 52 - 67 min on the 2-core CPU kinds measured, ~3 h on a slow one
     max_steps: Optional[int] = None
     max_minutes: Optional[float] = None  # training time of the whole run: a resumed run counts its earlier time
     max_tokens: int = 2048  # padded source+target positions per batch, per process

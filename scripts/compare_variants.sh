@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The attention and position variants compared on Multi30k en->de (docs/RESULTS.md, "Attention and position
-# variants"): every variant trains the `mini` model for the same wall-clock time (training.max_minutes; the
-# cosine schedule is set to end at step 500, after the time limit on the development machine) with the same
-# seed, two runs side by side on one thread each; each is scored on test_2016_flickr (greedy) and draws one
+# variants"): every variant trains the `mini` model for the same wall-clock time (training.max_minutes, where
+# the cosine schedule ends since version 0.7; the figures there predate that: their schedule was set to end at step
+# 500, after the time limit on the development machine, so they stopped at a higher rate) with the same seed, two runs side by side on one thread each; each is scored on test_2016_flickr (greedy) and draws one
 # alignment picture. Then the extrapolation check: each position option trained on pairs of <= 20 tokens,
 # scored on the test pairs longer than that.
 #

@@ -4,7 +4,8 @@
 #
 #   MULTI30K_DIR=../shared/data/multi30k scripts/train_diversified.sh OUT_DIR [OVERRIDES...]
 #
-# OVERRIDES go to every training, teachers and students (e.g. data=multi30k_de_en, device=cuda). The steps, each
+# OVERRIDES go to every training, teachers and students (e.g. data=multi30k_de_en, device=cuda); each trains its
+# whole schedule (training.max_minutes=null, as the figures were measured) unless OVERRIDES set a limit. The steps, each
 # kept when run again after it finished and resumed when it did not (run the script again with the same OVERRIDES):
 #   OUT_DIR/forward    the corpus's direction, one run per seed in SEEDS, scored as an ensemble
 #                      (scripts/train_ensemble.sh)
@@ -32,6 +33,7 @@ if [[ $# -lt 1 ]]; then
 fi
 out=$1
 shift
+set -- training.max_minutes=null "$@"  # first, so that a limit in OVERRIDES wins
 python=${PYTHON:-python}
 here=$(cd "$(dirname "$0")" && pwd)
 read -r -a forward_seeds <<<"${SEEDS:-1234 1 2}"

@@ -70,14 +70,17 @@ def test_defaults_are_the_dataclass_defaults(compose_config):
 
 
 def test_the_measured_recipes_compose_as_documented(compose_config):
-    # multi30k_cpu pins the recipe its seeds were measured with, which since version 0.6 is exactly the defaults
+    # multi30k_cpu pins version 0.6's default, as its seeds were measured: since version 0.7 the defaults add the
+    # 58-minute limit, and every pinned recipe trains all its epochs
     cpu = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_cpu", *RUN]))
     model, training = cpu.model, cpu.training
     assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == (128, 4, 512, 4, 4)
     assert (model.dropout, model.attention_dropout) == (0.2, 0.1)
     assert (training.lr, training.max_epochs, training.max_tokens, training.accumulate) == (2e-3, 46, 2048, 1)
-    assert training.weight_decay == 0.05 and training.patience is None
-    assert cpu == OmegaConf.to_object(compose_config("train", RUN))
+    assert training.weight_decay == 0.05 and training.patience is None and training.max_minutes is None
+    default = OmegaConf.to_object(compose_config("train", RUN))
+    assert default.training.max_minutes == 58.0
+    assert cpu == replace(default, training=replace(default.training, max_minutes=None))
     # multi30k_v04 is the default of versions 0.4 - 0.5: the same without weight decay
     v04 = OmegaConf.to_object(compose_config("train", ["experiment=multi30k_v04", *RUN]))
     assert v04.training == replace(cpu.training, weight_decay=0.0) and v04.model == cpu.model
@@ -93,7 +96,7 @@ def test_the_measured_recipes_compose_as_documented(compose_config):
     assert (model.d_model, model.n_heads, model.d_ff, model.n_encoder_layers, model.n_decoder_layers) == (256, 4, 1024, 3, 3)
     assert (model.dropout, model.attention_dropout) == (0.2, 0.0)
     assert (training.lr, training.max_epochs, training.max_tokens, training.accumulate) == (1e-3, 19, 2048, 2)
-    assert training.weight_decay == 0.0 and training.patience == 8
+    assert training.weight_decay == 0.0 and training.patience == 8 and training.max_minutes is None
 
 
 @pytest.mark.parametrize("option", ["model/half.yaml", "training/default.yaml", "eval/beam.yaml"])

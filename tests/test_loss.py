@@ -79,8 +79,8 @@ def _projection_problem(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     return hidden, weight, bias, target
 
 
-@pytest.mark.parametrize("chunk_size", [1, 4, 64])
-def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradient(chunk_size):
+@pytest.mark.parametrize("chunk_size, dense", [(1, False), (4, False), (64, False), (4, True), (64, True)])
+def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradient(chunk_size, dense):
     hidden, weight, bias, target = _projection_problem(torch.float32)
     reference = label_smoothed_sums(F.linear(hidden, weight, bias), target, smoothing=0.2, pad_id=PAD)
     (reference[0] * 0.7).backward()
@@ -89,7 +89,7 @@ def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradient(chu
         t.grad = None
 
     loss_sum, nll_sum = projected_label_smoothed_sums(hidden, weight, bias, target, smoothing=0.2, pad_id=PAD,
-                                                      chunk_size=chunk_size)
+                                                      chunk_size=chunk_size, dense=dense)  # dense: padding weighted 0
     (loss_sum * 0.7).backward()
     torch.testing.assert_close(loss_sum, reference[0])
     torch.testing.assert_close(nll_sum, reference[1])

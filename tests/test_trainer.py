@@ -173,11 +173,77 @@ def test_max_minutes_counts_the_time_before_a_resume(tmp_path):
     first = make_trainer(tmp_path, training_config(max_steps=3), PAIRS)
     first.fit()
     state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    budget = state["train_seconds"] / 60.0  # the whole budget is already spent
+    budget = state["train_seconds"] / 60.0 * 0.999  # the whole budget is already spent
     resumed = make_trainer(tmp_path, training_config(max_steps=10, max_minutes=budget), PAIRS)
     resumed.load_state(state)
     result = resumed.fit()
     assert (result.reason, result.steps) == ("max_minutes", 3)
+
+
+class _StepClock:
+    """A monotonic clock that moves only when a training step runs: ``seconds`` per step."""
+
+    def __init__(self, seconds: float) -> None:
+        self.now, self.seconds = 1000.0, seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> None:
+        self.now += self.seconds
+
+
+def _on_the_step_clock(trainer: Trainer, clock: _StepClock, rates: list[float]) -> None:
+    step = trainer.train_step
+
+    def timed_step(group):
+        clock.tick()
+        stats = step(group)
+        rates.append(trainer.optimizer.param_groups[0]["lr"])  # the rate this step trained at
+        return stats
+
+    trainer.train_step = timed_step
+
+
+def test_max_minutes_ends_the_cosine_schedule_where_the_time_runs_out(tmp_path, monkeypatch):
+    # 10 s a step and a limit of 1.5 epochs' time: after the first epoch's validation the pace (0.1 steps/s)
+    # projects the limit to step 1.5 n, so the cosine reaches its floor and training stops there, not at 4 n.
+    clock, rates = _StepClock(10.0), []
+    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+    probe = make_trainer(tmp_path / "probe", training_config(), PAIRS)
+    n = len(probe.sampler)
+    limit = 1.5 * n * 10.0 / 60.0  # minutes
+    cfg = training_config(max_epochs=4, max_minutes=limit, schedule=Schedule.cosine, warmup_steps=2, min_lr=1e-5)
+    trainer = make_trainer(tmp_path / "run", cfg, PAIRS)
+    _on_the_step_clock(trainer, clock, rates)
+    assert trainer.schedule_steps == 4 * n  # nothing projected before the first validation
+    result = trainer.fit()
+    assert (result.reason, result.steps) == ("max_minutes", int(1.5 * n))
+    assert trainer.schedule_steps == int(1.5 * n)
+    assert rates[-1] == pytest.approx(1e-5)  # annealed to the floor at the last step, not cut at a high rate
+    saved = load_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{n}.pt")
+    assert saved["time_limit"] == {"minutes": limit, "step": int(1.5 * n)}
+
+    # A resume keeps the projection made for its limit; a new limit is projected anew at its next validation.
+    for minutes, expected in ((limit, int(1.5 * n)), (2 * limit, 4 * n)):
+        resumed = make_trainer(tmp_path / f"resume_{minutes}", replace(cfg, max_minutes=minutes), PAIRS)
+        resumed.load_state(saved)
+        assert resumed.schedule_steps == expected
+
+
+def test_max_minutes_longer_than_the_epochs_changes_nothing(tmp_path, monkeypatch):
+    clock = _StepClock(10.0)
+    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+    cfg = training_config(max_epochs=2, schedule=Schedule.cosine, warmup_steps=2)
+    runs = {}
+    for minutes in (None, 1e6):
+        rates: list[float] = []
+        trainer = make_trainer(tmp_path / str(minutes), replace(cfg, max_minutes=minutes), PAIRS)
+        _on_the_step_clock(trainer, clock, rates)
+        result = trainer.fit()
+        runs[minutes] = (result.reason, result.steps, rates, parameters(trainer))
+    assert runs[None][:3] == runs[1e6][:3] and runs[None][0] == "max_epochs"
+    _assert_same(runs[None][3], runs[1e6][3])
 
 
 @pytest.mark.parametrize("accumulate", [1, 3])

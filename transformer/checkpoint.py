@@ -13,6 +13,8 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
     train_seconds    seconds spent in ``Trainer.fit`` up to this checkpoint, resumed runs summed (optional)
     epoch_steps      optimizer steps in the run's first epoch: the cosine schedule's unit (optional)
     schedule_steps   the step at which the cosine schedule reaches its floor (optional)
+    time_limit       with ``training.max_minutes``: {"minutes", "step"}, the step at which that limit runs out, as
+                     last projected from the pace of training (optional; None before the first projection)
     reason           why it was written ("validation", "interrupt", "final", ...)
 
 plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every
@@ -42,11 +44,11 @@ CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
     "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
     "bad_validations", "last_valid_step", "last_metrics", "train_seconds", "epoch_steps",
-    "schedule_steps", "reason",
+    "schedule_steps", "time_limit", "reason",
 })
 # Keys a resume can do without: informational, or added after the first checkpoints were written.
 OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds", "epoch_steps",
-                                   "schedule_steps"})
+                                   "schedule_steps", "time_limit"})
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU

@@ -256,7 +256,10 @@ class TrainingConfig:
     seed: int = 1234
     max_epochs: int = 46  # the default model on Multi30k: 52 - 67 min on the 2-core CPU kinds measured, ~3 h on a slow one
     max_steps: Optional[int] = None
-    max_minutes: Optional[float] = None  # training time of the whole run: a resumed run counts its earlier time
+    # Training time of the whole run (validation included; a resumed run counts its earlier time). Where it runs out
+    # before max_epochs / max_steps, projected from the pace so far, the cosine schedule ends there (Trainer), so a
+    # slower machine trains fewer steps but still anneals; null: every epoch, however long it takes.
+    max_minutes: Optional[float] = 58.0
     max_tokens: int = 2048  # padded source+target positions per batch, per process
     accumulate: int = 1  # batches per optimizer step
     pad_to_multiple: Optional[int] = None  # batch lengths rounded up to this; None: 1 on a CPU, 8 on a GPU

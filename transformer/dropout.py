@@ -18,27 +18,28 @@ from torch import Tensor, nn
 _LEVELS = 1 << 16  # distinct values of a 16-bit draw
 
 
-def _keep_mask(shape: torch.Size, p: float, device: torch.device) -> tuple[Tensor, float]:
-    """A bool mask (True = keep) with P(keep) = 1 - round(p · 2^16) / 2^16, and 1 / P(keep)."""
+def _keep_multiplier(x: Tensor, p: float) -> Tensor:
+    """A tensor like ``x`` holding 1 / P(keep) where an element is kept and 0 where it is dropped, with
+    P(keep) = 1 - round(p · 2^16) / 2^16. Multiplying by it is inverted dropout in one pass, forward and backward."""
     dropped_levels = round(p * _LEVELS)
-    numel = shape.numel()
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), None)
-    draws = words.view(torch.int16)[:numel].view(shape)  # uniform over [-2^15, 2^15)
-    return draws >= dropped_levels - (1 << 15), _LEVELS / (_LEVELS - dropped_levels)
+    numel = x.numel()
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=x.device).random_(-(1 << 63), None)
+    draws = words.view(torch.int16)[:numel].view(x.shape)  # uniform over [-2^15, 2^15)
+    scale = _LEVELS / (_LEVELS - dropped_levels)
+    return torch.where(draws >= dropped_levels - (1 << 15), scale, 0.0).to(x.dtype)
 
 
 class _CpuDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        keep, scale = _keep_mask(x.shape, p, x.device)
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return x * keep * scale
+        multiplier = _keep_multiplier(x, p)
+        ctx.save_for_backward(multiplier)
+        return x * multiplier
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None
+        (multiplier,) = ctx.saved_tensors
+        return grad * multiplier, None
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

@@ -18,6 +18,13 @@ them (``step_window``): every step on a CPU, where reading costs nothing, every 
 GPU, and before every validation, checkpoint and stop. A non-finite loss or gradient norm never reaches the
 weights (the step skips that update), and the next check raises ``TrainingDiverged``.
 
+A time limit (``max_minutes``) ends the run annealed, not cut: at every validation the trainer projects, from
+the pace of this call so far (steps per second of training and validation), the step at which the limit runs
+out, and when that comes before ``max_epochs`` / ``max_steps`` the cosine schedule reaches its floor and training
+stops there. The limit itself still stops training if the pace drops later. The steps trained then depend on
+the machine's speed, so two such runs differ; a resumed run keeps the projection it was saved with until it
+validates again (or projects anew when ``max_minutes`` changed).
+
 Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
 position) without validating, so a crash loses at most that interval.
 
@@ -138,6 +145,8 @@ class Trainer:
         self._in_step = False
         self._started = time.monotonic()
         self._seconds_before = 0.0  # spent in earlier fit calls of this run (from the resumed checkpoint)
+        self._first_step = 0  # the step this fit call started from: its pace is measured from there
+        self._time_steps: int | None = None  # where max_minutes runs out at the pace so far (None: not projected)
 
     @property
     def graphs(self) -> StepGraphs | None:
@@ -152,11 +161,11 @@ class Trainer:
     @property
     def schedule_steps(self) -> int:
         """The step at which a decaying schedule (cosine) reaches ``min_lr``: ``max_epochs`` times the first
-        epoch's steps (BPE-dropout epochs differ a little in length; the schedule must not move with them), or
-        ``max_steps`` when that comes first. A ``max_minutes`` stop comes before that, with the rate not yet
-        at its floor."""
+        epoch's steps (BPE-dropout epochs differ a little in length; the schedule must not move with them),
+        ``max_steps``, or where ``max_minutes`` is projected to run out (see the module docstring), whichever
+        comes first."""
         by_epochs = self.cfg.max_epochs * self._epoch_steps
-        return by_epochs if self.cfg.max_steps is None else min(self.cfg.max_steps, by_epochs)
+        return min([by_epochs, *(limit for limit in (self.cfg.max_steps, self._time_steps) if limit is not None)])
 
     # ---------------------------------------------------------------------------------------------
     # State
@@ -179,6 +188,8 @@ class Trainer:
             "train_seconds": self.train_seconds,
             "epoch_steps": self._epoch_steps,
             "schedule_steps": self.schedule_steps,
+            "time_limit": None if self._time_steps is None else {"minutes": self.cfg.max_minutes,
+                                                                 "step": self._time_steps},
         }
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
@@ -200,6 +211,9 @@ class Trainer:
         self.last_metrics = dict(checkpoint.get("last_metrics", {}))
         self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
         self._epoch_steps = int(checkpoint.get("epoch_steps", self._epoch_steps))
+        time_limit = checkpoint.get("time_limit")  # a projection for another limit would stop the run elsewhere
+        same_limit = time_limit is not None and time_limit["minutes"] == self.cfg.max_minutes
+        self._time_steps = int(time_limit["step"]) if same_limit else None
         self._warn_if_the_schedule_moved(checkpoint.get("schedule_steps"))
         if len(rng) == self.dist.world_size:
             self._pending_rng, self._start_seed = rng[self.dist.rank], None
@@ -239,7 +253,7 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         """Train until max_epochs / max_steps / max_minutes or early stopping; validate and save at the end."""
-        self._started = time.monotonic()
+        self._started, self._first_step = time.monotonic(), self.step
         if self._pending_rng is not None:
             restore_rng_state(self._pending_rng)
         elif self._start_seed is not None:
@@ -320,8 +334,8 @@ class Trainer:
     def _run_epoch(self) -> str | None:
         """The steps of one epoch (from the sampler's position); a stop reason, or None at the epoch's end."""
         cfg = self.cfg
-        if cfg.max_steps is not None and self.step >= cfg.max_steps:
-            return "max_steps"
+        if (reason := self._step_limit_reached()) is not None:
+            return reason
         bar = ProgressBar(self.steps_per_epoch, enabled=cfg.progress_bar and self.dist.is_main,
                           desc=f"epoch {self.epoch + 1}")
         window = StepWindow(torch.zeros(4, device=self.device), first_step=self.step + 1)
@@ -346,7 +360,7 @@ class Trainer:
         cfg = self.cfg
         validate = cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0
         save = cfg.save_every_steps is not None and self.step % cfg.save_every_steps == 0
-        last = cfg.max_steps is not None and self.step >= cfg.max_steps
+        last = self._step_limit_reached()
         if not (validate or save or last or self.step % self._check_every == 0):
             return None
         reading = self._check(window, bar)
@@ -360,9 +374,17 @@ class Trainer:
             window.started += time.perf_counter() - started  # the window's tokens/s counts training time only
         elif (save or reading.save_due) and not last:  # at the last step the final validation saves
             self.save_now("scheduled")
-        if last:
-            return "max_steps"
+        if last is not None:
+            return last
         return "max_minutes" if reading.late else None
+
+    def _step_limit_reached(self) -> str | None:
+        """``"max_steps"`` or ``"max_minutes"`` (the projected step of the time limit) once that step is done."""
+        if self.cfg.max_steps is not None and self.step >= self.cfg.max_steps:
+            return "max_steps"
+        if self._time_steps is not None and self.step >= self._time_steps:
+            return "max_minutes"
+        return None
 
     def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
         """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``
@@ -416,7 +438,7 @@ class Trainer:
             with torch.no_grad():
                 metrics = {k: float(v) for k, v in self.validate(self.model, self.step).items()}
             self.model.train()
-        metrics = distributed.broadcast_object(metrics)
+        metrics, self._time_steps = distributed.broadcast_object((metrics, self._project_time_limit()))
         if "bleu" not in metrics:
             raise KeyError(f"validate() must return a 'bleu' entry; it returned keys {sorted(metrics)}")
         if "loss" in metrics and "ppl" not in metrics:
@@ -431,6 +453,25 @@ class Trainer:
                      self.early_stopping.best_bleu, self.early_stopping.best_step)
         self.save_now("final" if final else "validation", is_best=is_best)
         return self.early_stopping.exhausted
+
+    def _project_time_limit(self) -> int | None:
+        """The step at which ``max_minutes`` runs out at this call's pace so far, validations included (rank 0
+        decides; the caller broadcasts it); the earlier projection while this call has made no step."""
+        limit = self.cfg.max_minutes
+        steps = self.step - self._first_step
+        if limit is None or steps == 0:
+            return self._time_steps
+        pace = steps / (time.monotonic() - self._started)  # steps per second
+        projected = self.step + max(0, math.floor((limit * 60.0 - self.train_seconds) * pace))
+        planned = self.cfg.max_epochs * self._epoch_steps
+        if self.cfg.max_steps is not None:
+            planned = min(planned, self.cfg.max_steps)
+        moved = self._time_steps is None or abs(projected - self._time_steps) > 0.01 * planned
+        if projected < planned and moved and self.dist.is_main:  # logged when it first binds or moves by > 1 %
+            log.info("time limit: at %.0f steps per minute, training.max_minutes=%g runs out at step %d, before "
+                     "step %d (max_epochs / max_steps): the schedule ends and training stops there",
+                     60.0 * pace, limit, projected, planned)
+        return projected
 
     def request_interrupt(self) -> None:
         """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""

@@ -159,13 +159,17 @@ class Trainer:
         return math.ceil(len(self.sampler) / self.cfg.accumulate)
 
     @property
-    def schedule_steps(self) -> int:
-        """The step at which a decaying schedule (cosine) reaches ``min_lr``: ``max_epochs`` times the first
-        epoch's steps (BPE-dropout epochs differ a little in length; the schedule must not move with them),
-        ``max_steps``, or where ``max_minutes`` is projected to run out (see the module docstring), whichever
-        comes first."""
+    def planned_steps(self) -> int:
+        """``max_epochs`` times the first epoch's steps (BPE-dropout epochs differ a little in length; the schedule
+        must not move with them), or ``max_steps`` when that comes first."""
         by_epochs = self.cfg.max_epochs * self._epoch_steps
-        return min([by_epochs, *(limit for limit in (self.cfg.max_steps, self._time_steps) if limit is not None)])
+        return by_epochs if self.cfg.max_steps is None else min(self.cfg.max_steps, by_epochs)
+
+    @property
+    def schedule_steps(self) -> int:
+        """The step at which a decaying schedule (cosine) reaches ``min_lr``: :attr:`planned_steps`, or where
+        ``max_minutes`` is projected to run out when that comes first (see the module docstring)."""
+        return self.planned_steps if self._time_steps is None else min(self.planned_steps, self._time_steps)
 
     # ---------------------------------------------------------------------------------------------
     # State
@@ -230,7 +234,7 @@ class Trainer:
                                warmup_steps=self.cfg.warmup_steps, max_steps=steps, min_lr=self.cfg.min_lr)
                  for steps in (saved_steps, self.schedule_steps)]
         log.warning("the cosine schedule now reaches its floor at step %d, not %d as when the checkpoint was written "
-                    "(training.max_epochs / training.max_steps changed): step %d's learning rate goes from %.3g to "
+                    "(training.max_epochs / max_steps / max_minutes changed): step %d's learning rate goes from %.3g to "
                     "%.3g", self.schedule_steps, saved_steps, self.step + 1, *rates)
 
     def save_now(self, reason: str, *, is_best: bool = False) -> None:
@@ -463,9 +467,7 @@ class Trainer:
             return self._time_steps
         pace = steps / (time.monotonic() - self._started)  # steps per second
         projected = self.step + max(0, math.floor((limit * 60.0 - self.train_seconds) * pace))
-        planned = self.cfg.max_epochs * self._epoch_steps
-        if self.cfg.max_steps is not None:
-            planned = min(planned, self.cfg.max_steps)
+        planned = self.planned_steps
         moved = self._time_steps is None or abs(projected - self._time_steps) > 0.01 * planned
         if projected < planned and moved and self.dist.is_main:  # logged when it first binds or moves by > 1 %
             log.info("time limit: at %.0f steps per minute, training.max_minutes=%g runs out at step %d, before "

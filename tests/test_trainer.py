@@ -343,7 +343,7 @@ def test_a_resume_that_moves_the_end_of_the_cosine_schedule_says_so(tmp_path, ca
         assert bool(moved) == warned
     # step 4 of 3 sat at the floor (0); of 5, (1 + cos(pi * 2/3)) / 2 = 0.25 of the peak
     assert moved == [f"the cosine schedule now reaches its floor at step 5, not 3 as when the checkpoint was written "
-                     f"(training.max_epochs / training.max_steps changed): step 4's learning rate goes from 0 to "
+                     f"(training.max_epochs / max_steps / max_minutes changed): step 4's learning rate goes from 0 to "
                      f"{0.25 * cfg.lr:.3g}"]
 
 

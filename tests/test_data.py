@@ -219,6 +219,10 @@ def test_translation_dataset_from_texts():
     data = TranslationDataset.from_texts(["a b", "c"], ["b c a", ""], words, words)
     assert len(data) == 2 and data.src_lengths.tolist() == [2, 1] and data.tgt_lengths.tolist() == [3, 0]
     assert data[0] == (words.encode("a b"), words.encode("b c a")) and data[1][1] == []
+    assert data[-1] == data[1] and data[-2] == data[0]  # negative indices count from the end, as for a list
+    for outside in (2, -3):
+        with pytest.raises(IndexError, match=f"pair {outside} of a dataset of 2 pairs"):
+            data[outside]
     assert data.src_tokens.dtype == np.uint8  # 10 words + 4 specials fit one byte
     with pytest.raises(DataError, match="2 source but 1 target"):
         TranslationDataset.from_sequences([[4], [5]], [[6]])

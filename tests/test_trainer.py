@@ -169,15 +169,17 @@ def test_max_minutes_stops(tmp_path):
     assert (result.reason, result.steps) == ("max_minutes", 1)
 
 
-def test_max_minutes_counts_the_time_before_a_resume(tmp_path):
+def test_max_minutes_counts_the_time_before_a_resume(tmp_path, caplog):
     first = make_trainer(tmp_path, training_config(max_steps=3), PAIRS)
     first.fit()
     state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
     budget = state["train_seconds"] / 60.0 * 0.999  # the whole budget is already spent
     resumed = make_trainer(tmp_path, training_config(max_steps=10, max_minutes=budget), PAIRS)
     resumed.load_state(state)
-    result = resumed.fit()
+    with caplog.at_level("WARNING", logger="transformer.trainer"):
+        result = resumed.fit()
     assert (result.reason, result.steps) == ("max_minutes", 3)
+    assert any("nothing more to train (a larger training.max_minutes, or null" in r.getMessage() for r in caplog.records)
 
 
 class _StepClock:

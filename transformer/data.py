@@ -327,6 +327,11 @@ class TranslationDataset:
         return len(self.src_lengths)
 
     def __getitem__(self, index: int) -> tuple[list[int], list[int]]:
+        """Pair ``index`` as (source ids, target ids); a negative index counts from the end, as for a list."""
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"pair {index} of a dataset of {n} pairs")
+        index %= n
         s0, s1 = self.src_offsets[index], self.src_offsets[index + 1]
         t0, t1 = self.tgt_offsets[index], self.tgt_offsets[index + 1]
         return self.src_tokens[s0:s1].tolist(), self.tgt_tokens[t0:t1].tolist()

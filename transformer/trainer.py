@@ -147,6 +147,7 @@ class Trainer:
         self._seconds_before = 0.0  # spent in earlier fit calls of this run (from the resumed checkpoint)
         self._first_step = 0  # the step this fit call started from: its pace is measured from there
         self._time_steps: int | None = None  # where max_minutes runs out at the pace so far (None: not projected)
+        self._logged_time_steps: int | None = None  # the last projection the log reported
 
     @property
     def graphs(self) -> StepGraphs | None:
@@ -309,6 +310,10 @@ class Trainer:
         if self.early_stopping.exhausted:
             return "early_stopping"  # a resumed run that had already stopped early
         if cfg.max_minutes is not None and self._seconds_before >= cfg.max_minutes * 60.0:
+            if self.dist.is_main and self.step < self.schedule_steps:  # stopped by the time, not by its schedule
+                log.warning("this run has trained %.1f minutes already, training.max_minutes=%g: nothing more to "
+                            "train (a larger training.max_minutes, or null, continues it)",
+                            self._seconds_before / 60.0, cfg.max_minutes)
             return "max_minutes"  # a resumed run that had already used its time (this call's time is not yet due)
         while self.epoch < cfg.max_epochs:
             if not self._sampler_positioned:
@@ -468,8 +473,9 @@ class Trainer:
         pace = steps / (time.monotonic() - self._started)  # steps per second
         projected = self.step + max(0, math.floor((limit * 60.0 - self.train_seconds) * pace))
         planned = self.planned_steps
-        moved = self._time_steps is None or abs(projected - self._time_steps) > 0.01 * planned
-        if projected < planned and moved and self.dist.is_main:  # logged when it first binds or moves by > 1 %
+        logged = self._logged_time_steps
+        if projected < planned and (logged is None or abs(projected - logged) > 0.01 * planned) and self.dist.is_main:
+            self._logged_time_steps = projected  # logged when it first binds and when it has moved by > 1 % since
             log.info("time limit: at %.0f steps per minute, training.max_minutes=%g runs out at step %d, before "
                      "step %d (max_epochs / max_steps): the schedule ends and training stops there",
                      60.0 * pace, limit, projected, planned)

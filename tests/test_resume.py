@@ -73,7 +73,8 @@ def test_resume_allows_stopping_logging_and_init_only_settings_silently(key, val
 
 
 @pytest.mark.parametrize(("key", "value"), [("training.lr", 0.5), ("training.warmup_steps", 3),
-                                            ("training.label_smoothing", 0.0), ("training.clip_grad_norm", 9.0)])
+                                            ("training.label_smoothing", 0.0), ("training.clip_grad_norm", 9.0),
+                                            ("training.patience", 5)])  # a null saved is compared like any value
 def test_resume_warns_naming_an_optimisation_setting(key, value, caplog):
     with caplog.at_level("WARNING"):
         check_resume_config(SAVED, _set(SAVED, key, value), "run/last.pt")
@@ -238,6 +239,6 @@ def test_resuming_when_the_best_checkpoint_was_rotated_away_forgets_the_best_rec
 def test_an_epoch_begun_by_two_processes_is_finished_only_by_two():
     mid_epoch = {"rng": [{}, {}], "sampler": {"position": 17}, "epoch": 2}
     check_process_count(mid_epoch, world_size=2)
-    with pytest.raises(ValueError, match=r"written by 2 process\(es\) in the middle of epoch 3, this run has 1"):
+    with pytest.raises(CheckpointError, match=r"written by 2 process\(es\) in the middle of epoch 3, this run has 1"):
         check_process_count(mid_epoch, world_size=1)
     check_process_count({**mid_epoch, "sampler": {"position": 0}}, world_size=1)  # at an epoch's end: any number

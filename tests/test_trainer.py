@@ -226,11 +226,53 @@ def test_max_minutes_ends_the_cosine_schedule_where_the_time_runs_out(tmp_path, 
     saved = load_checkpoint(tmp_path / "run" / "checkpoints" / f"step_{n}.pt")
     assert saved["time_limit"] == {"minutes": limit, "step": int(1.5 * n)}
 
-    # A resume keeps the projection made for its limit; a new limit is projected anew at its next validation.
-    for minutes, expected in ((limit, int(1.5 * n)), (2 * limit, 4 * n)):
+    # A resume keeps the projection made for its limit; another limit is projected at once from the run's pace
+    # (n steps in 10 n seconds): twice the limit, 3 n seconds, runs out at step n + 2 n = 3 n; no limit, 4 n.
+    for minutes, expected in ((limit, int(1.5 * n)), (2 * limit, 3 * n), (None, 4 * n)):
         resumed = make_trainer(tmp_path / f"resume_{minutes}", replace(cfg, max_minutes=minutes), PAIRS)
         resumed.load_state(saved)
         assert resumed.schedule_steps == expected
+
+
+def test_a_validation_that_uses_up_the_time_ends_training_at_its_step(tmp_path, monkeypatch):
+    # 10 s a step, a one-minute limit, a validation every 3 steps that takes 100 s: the first one uses up the
+    # time, so training stops at step 3, without another step or a second validation for it.
+    clock, rates, seen = _StepClock(10.0), [], []
+    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+
+    def validate(model, step):
+        seen.append(step)
+        clock.now += 100.0
+        return {"bleu": 1.0}
+
+    cfg = training_config(max_minutes=1.0, validate_every_steps=3, schedule=Schedule.cosine, warmup_steps=1)
+    trainer = make_trainer(tmp_path, cfg, PAIRS, validate=validate)
+    _on_the_step_clock(trainer, clock, rates)
+    result = trainer.fit()
+    assert (result.reason, result.steps, seen) == ("max_minutes", 3, [3])
+
+
+def test_a_slower_machine_cuts_the_schedule_with_a_warning(tmp_path, monkeypatch, caplog):
+    # The first epoch's pace projects the limit to step 1.5 n; then a step takes 1,000 s and the limit runs
+    # out before that step: training stops there, above the schedule's floor, and says so.
+    clock, rates = _StepClock(10.0), []
+    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+    n = len(make_trainer(tmp_path / "probe", training_config(), PAIRS).sampler)
+    cfg = training_config(max_epochs=4, max_minutes=1.5 * n * 10.0 / 60.0, schedule=Schedule.cosine,
+                          warmup_steps=2, min_lr=1e-5)
+    trainer = make_trainer(tmp_path / "run", cfg, PAIRS)
+    _on_the_step_clock(trainer, clock, rates)
+    step = trainer.train_step
+    trainer.train_step = lambda group: (setattr(clock, "seconds", 1000.0 if trainer.step == n else 10.0),
+                                        step(group))[1]
+    with caplog.at_level("WARNING", logger="transformer.trainer"):
+        result = trainer.fit()
+    assert (result.reason, result.steps) == ("max_minutes", n + 1)
+    assert rates[-1] > 10 * 1e-5  # well above the floor: cut, not annealed
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"training.max_minutes={cfg.max_minutes:g} ran out at step {n + 1}, before step {int(1.5 * n)} where the pace "
+        f"so far had projected it (the machine slowed down, or a validation took the rest): training stops with the "
+        f"learning rate at {rates[-1]:.3g}, above its floor"]
 
 
 def test_max_minutes_longer_than_the_epochs_changes_nothing(tmp_path, monkeypatch):
@@ -312,7 +354,7 @@ def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
     make_trainer(tmp_path / "a", training_config(max_steps=3), PAIRS).fit()
     by_two = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
     by_two["rng"] = by_two["rng"] * 2  # as two processes write it: one RNG state each
-    with pytest.raises(ValueError, match=r"written by 2 process\(es\) in the middle of epoch 1, this run has 1"):
+    with pytest.raises(CheckpointError, match=r"written by 2 process\(es\) in the middle of epoch 1, this run has 1"):
         make_trainer(tmp_path / "b", training_config(), PAIRS).load_state(by_two)
     make_trainer(tmp_path / "c", training_config(max_epochs=1), PAIRS).fit()
     epoch_end = load_checkpoint(tmp_path / "c" / "checkpoints" / "last.pt")
@@ -427,7 +469,7 @@ def test_save_every_minutes_writes_last_without_validating(tmp_path):
 def test_a_late_check_still_keeps_non_finite_updates_out_of_the_weights(tmp_path):
     """With checks every 4 steps (as on a GPU), a NaN step's update is skipped on the device and the next
     check stops the run."""
-    cfg = training_config(max_steps=20)
+    cfg = training_config(max_steps=20, log_every_steps=4)  # on a GPU the checks come with the log lines
     poison = {"on": False}
 
     def poison_at(call: int) -> None:

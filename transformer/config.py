@@ -265,7 +265,7 @@ class TrainingConfig:
     pad_to_multiple: Optional[int] = None  # batch lengths rounded up to this; None: 1 on a CPU, 8 on a GPU
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
     warmup_steps: int = 1000
-    schedule: Schedule = Schedule.cosine  # decays to min_lr at max_steps (else the end of max_epochs)
+    schedule: Schedule = Schedule.cosine  # decays to min_lr where training ends: max_steps / max_epochs / max_minutes
     min_lr: float = 0.0  # floor for the cosine schedule
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9

@@ -102,15 +102,6 @@ def all_reduce_sum(value: torch.Tensor | float) -> torch.Tensor | float:
     return float(tensor.item())
 
 
-def any_rank(flag: bool) -> bool:
-    """True on every rank if ``flag`` is true on any rank (agreement on stopping)."""
-    if not is_active():
-        return flag
-    tensor = torch.tensor([1.0 if flag else 0.0], device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item() > 0)
-
-
 def broadcast_object(obj: object, src: int = 0) -> object:
     """Rank ``src``'s ``obj`` on every rank (picklable objects)."""
     if not is_active():

@@ -6,7 +6,10 @@ Filling int64s with 64 random bits and reading them as four int16s needs a quart
 An element is dropped when its 16-bit draw falls in the lowest ``round(p · 2^16)`` values, and the kept ones
 are scaled by the exact inverse of the keep probability, so the output stays unbiased; the drop rate is p
 rounded to a multiple of 2^-16 (0.2 becomes 0.199997). On CUDA, ``F.dropout`` is already a fused kernel and
-is used as is, and so under ``torch.compile``, whose generated code fuses it. Both draw from torch's seeded generators, so runs repeat and resume exactly.
+is used as is, and so under ``torch.compile``, whose generated code fuses it, and for tensors narrower than fp32
+(CPU autocast), where a multiplier in their type would round the scale. Both draw from torch's seeded
+generators, so runs repeat and resume exactly. The multiplier saved for the backward pass is a float32 tensor
+the size of the input (four times a boolean mask's memory), the price of one pass less each way.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or torch.compiler.is_compiling():  # fused there (a CUDA kernel, Inductor's code)
-        return F.dropout(x, p, training=True)
+    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
+        return F.dropout(x, p, training=True)  # fused (a CUDA kernel, Inductor's code) or in a narrow type
     return _CpuDropout.apply(x, p)
 
 

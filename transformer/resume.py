@@ -29,6 +29,9 @@ RESUME_MUST_MATCH = (
     "data.max_pairs", "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
     "training.accumulate", "training.pad_to_multiple", "training.bpe_dropout",
 )
+# Settings whose null meant "the device's default" (today only ``pad_to_multiple``'s does, resolved when a run
+# starts); a run that saved the null leaves its value unknown, so it is not compared.
+DEVICE_DEFAULTS = ("training.pad_to_multiple", "training.max_tokens", "training.accumulate")
 # Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
 RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")
 # Settings that change the optimisation (or when it stops) from the resumed step on, but not the batches: allowed,
@@ -64,7 +67,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
     old.update({key: defaults[key] for key in new.keys() - old.keys() if key in defaults})
     refused, changed = [], []
     for key in sorted(old.keys() & new.keys()):  # another key one side lacks (an older schema) is not compared
-        if old[key] is None and key.startswith("training."):
+        if old[key] is None and key in DEVICE_DEFAULTS:
             continue  # an older run left the device's default unresolved: it is not known, so not compared
         if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):
             continue
@@ -154,11 +157,11 @@ def check_process_count(checkpoint: dict[str, Any], world_size: int) -> None:
     at an epoch's end continues with any number (with fresh RNG seeds when the number differs).
 
     Raises:
-        ValueError: naming both numbers and the ways out.
+        CheckpointError: naming both numbers and the ways out.
     """
     writers = len(checkpoint["rng"])  # one RNG state per process that wrote it
     if writers != world_size and checkpoint["sampler"]["position"] > 0:
-        raise ValueError(
+        raise CheckpointError(
             f"the checkpoint was written by {writers} process(es) in the middle of epoch {checkpoint['epoch'] + 1}, "
             f"this run has {world_size}: an epoch's batches are shared out by process, so where the rest of it "
             f"lies depends on their number. Resume with {writers} process(es), or from a checkpoint written at "

@@ -18,12 +18,11 @@ them (``step_window``): every step on a CPU, where reading costs nothing, every 
 GPU, and before every validation, checkpoint and stop. A non-finite loss or gradient norm never reaches the
 weights (the step skips that update), and the next check raises ``TrainingDiverged``.
 
-A time limit (``max_minutes``) ends the run annealed, not cut: at every validation the trainer projects, from
-the pace of this call so far (steps per second of training and validation), the step at which the limit runs
-out, and when that comes before ``max_epochs`` / ``max_steps`` the cosine schedule reaches its floor and training
-stops there. The limit itself still stops training if the pace drops later. The steps trained then depend on
-the machine's speed, so two such runs differ; a resumed run keeps the projection it was saved with until it
-validates again (or projects anew when ``max_minutes`` changed).
+A time limit (``max_minutes``) ends the run annealed, not cut: at every validation and every ``log_every_steps``
+steps the trainer projects (``time_limit.TimeLimit``), from the pace so far, the step at which the limit runs out,
+and when that comes before ``max_epochs`` / ``max_steps`` the cosine schedule reaches its floor and training stops
+there. The limit itself still stops training if the pace drops later (with a warning). The steps trained then
+depend on the machine's speed, so two such runs differ.
 
 Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
 position) without validating, so a crash loses at most that interval.
@@ -51,7 +50,7 @@ from torch import nn
 from transformer import distributed
 from transformer.batching import prefetched
 from transformer.cuda_graphs import StepGraphs
-from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointManager, check_plain
+from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointError, CheckpointManager, check_plain
 from transformer.config import Schedule, TrainingConfig
 from transformer.distributed import DistContext
 from transformer.early_stopping import EarlyStopping
@@ -60,6 +59,7 @@ from transformer.optim import learning_rate, set_learning_rate
 from transformer.resume import check_process_count
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
 from transformer.step_window import Reading, StepWindow
+from transformer.time_limit import TimeLimit
 from transformer.tracking import ProgressBar, Tracker
 from transformer.train_step import BatchLike, TrainStep
 
@@ -146,8 +146,7 @@ class Trainer:
         self._started = time.monotonic()
         self._seconds_before = 0.0  # spent in earlier fit calls of this run (from the resumed checkpoint)
         self._first_step = 0  # the step this fit call started from: its pace is measured from there
-        self._time_steps: int | None = None  # where max_minutes runs out at the pace so far (None: not projected)
-        self._logged_time_steps: int | None = None  # the last projection the log reported
+        self._time_limit = TimeLimit(cfg.max_minutes)
 
     @property
     def graphs(self) -> StepGraphs | None:
@@ -170,7 +169,8 @@ class Trainer:
     def schedule_steps(self) -> int:
         """The step at which a decaying schedule (cosine) reaches ``min_lr``: :attr:`planned_steps`, or where
         ``max_minutes`` is projected to run out when that comes first (see the module docstring)."""
-        return self.planned_steps if self._time_steps is None else min(self.planned_steps, self._time_steps)
+        projected = self._time_limit.step
+        return self.planned_steps if projected is None else min(self.planned_steps, projected)
 
     # ---------------------------------------------------------------------------------------------
     # State
@@ -193,15 +193,14 @@ class Trainer:
             "train_seconds": self.train_seconds,
             "epoch_steps": self._epoch_steps,
             "schedule_steps": self.schedule_steps,
-            "time_limit": None if self._time_steps is None else {"minutes": self.cfg.max_minutes,
-                                                                 "step": self._time_steps},
+            "time_limit": self._time_limit.state_dict(),
         }
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
         """Continue from a checkpoint dict (every rank loads the same one). RNGs are restored when ``fit`` starts."""
         missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
         if missing:
-            raise KeyError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
+            raise CheckpointError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
         check_process_count(checkpoint, self.dist.world_size)
         rng = checkpoint["rng"]  # one state per process that wrote it
         self.model.load_state_dict(checkpoint["model"])
@@ -216,9 +215,7 @@ class Trainer:
         self.last_metrics = dict(checkpoint.get("last_metrics", {}))
         self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
         self._epoch_steps = int(checkpoint.get("epoch_steps", self._epoch_steps))
-        time_limit = checkpoint.get("time_limit")  # a projection for another limit would stop the run elsewhere
-        same_limit = time_limit is not None and time_limit["minutes"] == self.cfg.max_minutes
-        self._time_steps = int(time_limit["step"]) if same_limit else None
+        self._time_limit.load_state_dict(checkpoint.get("time_limit"), self.step, self._seconds_before)
         self._warn_if_the_schedule_moved(checkpoint.get("schedule_steps"))
         if len(rng) == self.dist.world_size:
             self._pending_rng, self._start_seed = rng[self.dist.rank], None
@@ -228,7 +225,8 @@ class Trainer:
             self._pending_rng, self._start_seed = None, self.cfg.seed + 1000 * self.step + self.dist.rank
 
     def _warn_if_the_schedule_moved(self, saved_steps: int | None) -> None:
-        """A resumed run whose max_epochs / max_steps end the cosine decay elsewhere jumps to another learning rate."""
+        """A resumed run whose max_epochs / max_steps / max_minutes end the cosine decay elsewhere jumps to another
+        learning rate."""
         if self.cfg.schedule is not Schedule.cosine or saved_steps is None or saved_steps == self.schedule_steps:
             return
         rates = [learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
@@ -310,7 +308,7 @@ class Trainer:
         if self.early_stopping.exhausted:
             return "early_stopping"  # a resumed run that had already stopped early
         if cfg.max_minutes is not None and self._seconds_before >= cfg.max_minutes * 60.0:
-            if self.dist.is_main and self.step < self.schedule_steps:  # stopped by the time, not by its schedule
+            if self.dist.is_main and self.step < self.planned_steps:  # stopped by the time, not by its plan
                 log.warning("this run has trained %.1f minutes already, training.max_minutes=%g: nothing more to "
                             "train (a larger training.max_minutes, or null, continues it)",
                             self._seconds_before / 60.0, cfg.max_minutes)
@@ -369,8 +367,9 @@ class Trainer:
         cfg = self.cfg
         validate = cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0
         save = cfg.save_every_steps is not None and self.step % cfg.save_every_steps == 0
-        last = self._step_limit_reached()
-        if not (validate or save or last or self.step % self._check_every == 0):
+        project = cfg.max_minutes is not None and self.step % cfg.log_every_steps == 0
+        schedule_end = self.schedule_steps  # what this step trained on, before a new projection moves it
+        if not (validate or save or project or self._step_limit_reached() or self.step % self._check_every == 0):
             return None
         reading = self._check(window, bar)
         if reading.interrupt:
@@ -381,17 +380,22 @@ class Trainer:
             if self._validate_and_save():
                 return "early_stopping"
             window.started += time.perf_counter() - started  # the window's tokens/s counts training time only
-        elif (save or reading.save_due) and not last:  # at the last step the final validation saves
+        elif project:
+            self._project_time_limit()
+        last = self._step_limit_reached()  # after a new projection: it may end training at this very step
+        if last is None and reading.late:
+            last = "max_minutes"
+        if last == "max_minutes" and self.step < schedule_end:
+            self._warn_cut_by_time(schedule_end)
+        if not validate and (save or reading.save_due) and last is None:  # at the last step the final validation saves
             self.save_now("scheduled")
-        if last is not None:
-            return last
-        return "max_minutes" if reading.late else None
+        return last
 
     def _step_limit_reached(self) -> str | None:
         """``"max_steps"`` or ``"max_minutes"`` (the projected step of the time limit) once that step is done."""
         if self.cfg.max_steps is not None and self.step >= self.cfg.max_steps:
             return "max_steps"
-        if self._time_steps is not None and self.step >= self._time_steps:
+        if self._time_limit.step is not None and self.step >= self._time_limit.step:
             return "max_minutes"
         return None
 
@@ -406,10 +410,6 @@ class Trainer:
         self._in_step = False
         return stats
 
-    def _out_of_time(self) -> bool:
-        limit = self.cfg.max_minutes
-        return limit is not None and self.train_seconds >= limit * 60.0
-
     def _save_due_by_time(self) -> bool:
         minutes = self.cfg.save_every_minutes
         return minutes is not None and time.monotonic() - self._last_save >= minutes * 60.0
@@ -417,8 +417,9 @@ class Trainer:
     def _check(self, window: StepWindow, bar: ProgressBar, log_now: bool = False) -> Reading:
         """Read the window and the flags (one wait for the device), stop on divergence, and log when a log step
         has come (or ``log_now``: the steps since the last log line would be lost to the log otherwise)."""
-        reading = window.read(interrupt=self._interrupt_requested, late=self._out_of_time(),
-                              save_due=self._save_due_by_time(), world_size=self.dist.world_size)
+        late = self._time_limit.out_of_time(self.train_seconds)
+        reading = window.read(interrupt=self._interrupt_requested, late=late, save_due=self._save_due_by_time(),
+                              world_size=self.dist.world_size)
         reading.raise_if_diverged(self.step, window.first_step, self.checkpoints.last_path)
         if (log_now or self.step % self.cfg.log_every_steps == 0) and reading.tokens > 0:
             self._log(reading, window, bar)
@@ -447,7 +448,7 @@ class Trainer:
             with torch.no_grad():
                 metrics = {k: float(v) for k, v in self.validate(self.model, self.step).items()}
             self.model.train()
-        metrics, self._time_steps = distributed.broadcast_object((metrics, self._project_time_limit()))
+        metrics = distributed.broadcast_object(metrics)
         if "bleu" not in metrics:
             raise KeyError(f"validate() must return a 'bleu' entry; it returned keys {sorted(metrics)}")
         if "loss" in metrics and "ppl" not in metrics:
@@ -456,6 +457,8 @@ class Trainer:
         self.last_valid_step = self.step
         self.last_metrics = metrics
         self.tracker.scalars(metrics, self.step, prefix="valid")
+        if not final:  # the final validation comes after training: its checkpoint keeps the schedule trained with
+            self._project_time_limit()
         if self.dist.is_main:
             shown = " ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
             log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown,
@@ -463,23 +466,29 @@ class Trainer:
         self.save_now("final" if final else "validation", is_best=is_best)
         return self.early_stopping.exhausted
 
-    def _project_time_limit(self) -> int | None:
-        """The step at which ``max_minutes`` runs out at this call's pace so far, validations included (rank 0
-        decides; the caller broadcasts it); the earlier projection while this call has made no step."""
-        limit = self.cfg.max_minutes
+    def _project_time_limit(self) -> None:
+        """Project where ``max_minutes`` runs out at this call's pace so far, validations included. Collective under
+        DDP: rank 0's projection is broadcast, so every rank trains the same schedule."""
         steps = self.step - self._first_step
-        if limit is None or steps == 0:
-            return self._time_steps
-        pace = steps / (time.monotonic() - self._started)  # steps per second
-        projected = self.step + max(0, math.floor((limit * 60.0 - self.train_seconds) * pace))
+        if self.cfg.max_minutes is None or steps == 0:  # the same on every rank: all or none broadcast
+            return
+        pace = steps / max(time.monotonic() - self._started, 1e-9)  # steps per second
+        projected = self._time_limit.project(self.step, pace, self.train_seconds) if self.dist.is_main else None
+        self._time_limit.step = distributed.broadcast_object(projected)
         planned = self.planned_steps
-        logged = self._logged_time_steps
-        if projected < planned and (logged is None or abs(projected - logged) > 0.01 * planned) and self.dist.is_main:
-            self._logged_time_steps = projected  # logged when it first binds and when it has moved by > 1 % since
+        if self.dist.is_main and self._time_limit.worth_reporting(planned):
             log.info("time limit: at %.0f steps per minute, training.max_minutes=%g runs out at step %d, before "
                      "step %d (max_epochs / max_steps): the schedule ends and training stops there",
-                     60.0 * pace, limit, projected, planned)
-        return projected
+                     60.0 * pace, self.cfg.max_minutes, self._time_limit.step, planned)
+
+    def _warn_cut_by_time(self, schedule_end: int) -> None:
+        """The limit ran out before ``schedule_end``, where the schedule was projected to end: training stops above
+        the schedule's floor."""
+        if self.dist.is_main:
+            log.warning("training.max_minutes=%g ran out at step %d, before step %d where the pace so far had "
+                        "projected it (the machine slowed down, or a validation took the rest): training stops with "
+                        "the learning rate at %.3g, above its floor", self.cfg.max_minutes, self.step, schedule_end,
+                        float(self.optimizer.param_groups[0]["lr"]))
 
     def request_interrupt(self) -> None:
         """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # The GPU measurements of docs/RESULTS.md in a few calls on a lent GPU machine, logs under $OUT (else gpu_checks/).
 #
+#   scripts/gpu_checks.sh lease    # what one ten-minute call can hold, for a lease of 15 minutes in all: the gpu
+#                                  # tests, the default job with CUDA graphs (stopped at 4 minutes, annealed),
+#                                  # then eager against graphs for the default model and decoding its checkpoint
+#   scripts/gpu_checks.sh lease_more  # its second call: the default job de->en (CUDA graphs), decoding profiled on
+#                                     # its model, the whole suite (8 pytest-xdist workers), eager against graphs
+#                                     # for base
 #   scripts/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
 #   scripts/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
-#                                  # against CUDA graphs
+#                                  # (training.cuda_graphs=false) against CUDA graphs (a GPU's default)
 #   scripts/gpu_checks.sh job      # the README's default job with CUDA graphs, timed whole; decoding its model
 #   scripts/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a device call: 10)
@@ -37,16 +43,48 @@ bench() {  # bench NAME OVERRIDES...: transformer-benchmark into $out/NAME/
 }
 
 case "${1:-}" in
+lease)
+    runs=/tmp/gpu_lease  # the runs' folders, packed without checkpoints into $out/lease_runs.tgz at the end
+    step gpu_tests timeout 120 python -m pytest -q -m gpu tests/test_gpu.py
+    graphs=true  # unless the test comparing replayed graphs with the eager step failed or did not run
+    if ! grep -q " passed" "$out/gpu_tests.log" || grep -q "FAILED.*test_recorded_graphs" "$out/gpu_tests.log"; then
+        graphs=false
+    fi
+    step default_job timeout 300 python scripts/train.py "training.cuda_graphs=$graphs" training.max_minutes=3.5 \
+        "hydra.run.dir=$runs/default_job"
+    grep -h "training stopped\|projected\|final model\|test " "$runs/default_job/train.log" | tail -n 8
+    step half timeout 55 python scripts/benchmark.py training.cuda_graphs=false train_steps=200 untimed_steps=30 \
+        decode_sentences=100 profile_steps=20 "checkpoint=$runs/default_job/checkpoints/final.pt" \
+        "hydra.run.dir=$runs/half"
+    step half_graphs timeout 40 python scripts/benchmark.py training.cuda_graphs=true train_steps=200 \
+        untimed_steps=30 decode_sentences=20 "hydra.run.dir=$runs/half_graphs"
+    tar czf "$out/lease_runs.tgz" --exclude='*.pt' -C "$(dirname $runs)" "$(basename $runs)"
+    ;;
+lease_more)
+    runs=/tmp/gpu_lease_more
+    step de_en_job timeout 180 python scripts/train.py data=multi30k_de_en training.cuda_graphs=true \
+        training.max_minutes=3 "hydra.run.dir=$runs/de_en_job"
+    grep -h "training stopped\|projected\|test " "$runs/de_en_job/train.log" | tail -n 4
+    step decoding timeout 45 python scripts/benchmark.py data=multi30k_de_en train_steps=50 decode_sentences=200 \
+        profile_steps=10 "checkpoint=$runs/de_en_job/checkpoints/final.pt" "hydra.run.dir=$runs/decoding"
+    step suite timeout 130 python -m pytest -q -n 8
+    step base timeout 40 python scripts/benchmark.py model=base training.cuda_graphs=false training.max_tokens=16384 \
+        train_steps=60 untimed_steps=10 decode_sentences=10 "hydra.run.dir=$runs/base"
+    step base_graphs timeout 40 python scripts/benchmark.py model=base training.max_tokens=16384 \
+        training.cuda_graphs=true train_steps=60 untimed_steps=10 decode_sentences=10 "hydra.run.dir=$runs/base_graphs"
+    tar czf "$out/lease_more_runs.tgz" --exclude='*.pt' -C "$(dirname $runs)" "$(basename $runs)"
+    ;;
 tests)
     step gpu_tests python -m pytest -q -m gpu tests/test_gpu.py
     step suite python -m pytest -q -x
     ;;
 speed)
-    bench half train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
+    bench half training.cuda_graphs=false train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
     bench half_graphs training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
-    bench small model=small train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
+    bench small model=small training.cuda_graphs=false train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
     bench small_graphs model=small training.cuda_graphs=true train_steps=300 untimed_steps=30 decode_sentences=100 profile_steps=20
-    bench base model=base training.max_tokens=16384 train_steps=100 untimed_steps=10 decode_sentences=100
+    bench base model=base training.cuda_graphs=false training.max_tokens=16384 train_steps=100 untimed_steps=10 \
+        decode_sentences=100
     bench base_graphs model=base training.max_tokens=16384 training.cuda_graphs=true train_steps=100 \
         untimed_steps=10 decode_sentences=100
     ;;

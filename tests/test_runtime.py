@@ -81,14 +81,22 @@ def test_defer_sigint_calls_back_once_then_interrupts():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_padding_defaults_per_device_and_explicit_values_win():
+def test_padding_and_graph_defaults_per_device_and_explicit_values_win():
     cpu = resolve_training(TrainingConfig(), torch.device("cpu"))
     gpu = resolve_training(TrainingConfig(), torch.device("cuda"))
     assert (cpu.pad_to_multiple, gpu.pad_to_multiple) == (1, 8)
-    assert replace(cpu, pad_to_multiple=None) == replace(gpu, pad_to_multiple=None) == TrainingConfig()
-    mine = resolve_training(TrainingConfig(pad_to_multiple=4), torch.device("cuda"))
-    assert mine.pad_to_multiple == 4
-    assert resolve_training(gpu, torch.device("cpu")) == gpu  # resolving twice changes nothing
+    assert (cpu.cuda_graphs, gpu.cuda_graphs) == (False, True)
+    unresolved = dict(pad_to_multiple=None, cuda_graphs=None)
+    assert replace(cpu, **unresolved) == replace(gpu, **unresolved) == TrainingConfig()
+    mine = resolve_training(TrainingConfig(pad_to_multiple=4, cuda_graphs=False), torch.device("cuda"))
+    assert (mine.pad_to_multiple, mine.cuda_graphs) == (4, False)
+    assert resolve_training(gpu, torch.device("cuda"), world_size=2) == gpu  # resolving twice changes nothing
+
+
+@pytest.mark.parametrize("overrides, world_size", [(dict(accumulate=2), 1), (dict(compile=True), 1), ({}, 2)])
+def test_graphs_are_left_off_where_they_cannot_run(overrides, world_size):
+    resolved = resolve_training(TrainingConfig(**overrides), torch.device("cuda"), world_size)
+    assert resolved.cuda_graphs is False
 
 
 def test_decoding_batch_size_defaults_per_device():

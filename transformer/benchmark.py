@@ -8,15 +8,18 @@ Measured in one process, written as ``benchmark.json`` and ``benchmark.md`` in t
 - the machine's sustained matmul FLOP/s (fp32 on CPU, bf16 on CUDA) at the same thread count, the model's
   training FLOPs per target token, and so the model FLOP utilisation (useful FLOPs on real tokens only);
 - decoding of the test split: sentences/s and tokens/s for greedy and beam search, with and without the
-  KV cache (``checkpoint=`` decodes with a trained model; otherwise a random one, whose hypotheses run to
-  the maximum length);
+  KV cache, each timed on a second pass over the sentences (``checkpoint=`` decodes with a trained model;
+  otherwise a random one, whose hypotheses run to the maximum length);
 - peak memory (RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA);
 - with ``profile_steps``, a ``torch.profiler`` table of a few more training steps (``profile.txt``): operator
-  calls and GPU kernels per step, where the host time goes and how long the GPU is busy.
+  calls and GPU kernels per step, where the host time goes and how long the GPU is busy (for steps replayed from
+  CUDA graphs, the operators are the replay's few and the kernels those of the graph); and one more pass of each
+  decoding measurement, the same per sentence (``profile_decoding.txt``).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -26,7 +29,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -197,26 +200,33 @@ def _collated(trainer: Trainer, group: list[list[int]]) -> list[Any]:
 def profile_steps(trainer: Trainer, batches: Iterator[list[Any]], steps: int, device: torch.device,
                   path: Path) -> None:
     """Run ``steps`` training steps under ``torch.profiler``; write per-step totals and the operator tables."""
+    summary, tables = _profiled(lambda: [trainer.train_step(next(batches)) for _ in range(steps)], device,
+                                f"{steps} profiled steps", steps, "step")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join([summary, *tables]) + "\n", encoding="utf-8")
+    log.info("%s; tables in %s", summary, path)
+
+
+def _profiled(work: Callable[[], Any], device: torch.device, what: str, units: int,
+              unit: str) -> tuple[str, list[str]]:
+    """Run ``work`` under ``torch.profiler``: a summary per ``unit`` (wall time, aten operator calls, GPU
+    kernels and busy time) and the operator tables by host time (and by device time on CUDA)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         _sync(device)
         start = time.perf_counter()
-        for _ in range(steps):
-            trainer.train_step(next(batches))
+        work()
         _sync(device)
         seconds = time.perf_counter() - start
     events = prof.key_averages()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernel_ms = sum(e.device_time for e in kernels) / 1000  # microseconds -> ms
     aten_calls = sum(e.count for e in events if e.key.startswith("aten::"))
-    summary = (f"{steps} profiled steps: {1000 * seconds / steps:.2f} ms per step (with profiler overhead), "
-               f"{aten_calls / steps:.0f} aten operator calls per step, {len(kernels) / steps:.0f} GPU kernels "
-               f"per step, GPU busy {kernel_ms / steps:.2f} ms per step")
+    summary = (f"{what}: {1000 * seconds / units:.2f} ms per {unit} (with profiler overhead), "
+               f"{aten_calls / units:.0f} aten operator calls per {unit}, {len(kernels) / units:.0f} GPU kernels "
+               f"per {unit}, GPU busy {kernel_ms / units:.2f} ms per {unit}")
     sort_keys = ["self_cpu_time_total"] + (["self_device_time_total"] if device.type == "cuda" else [])
-    tables = [events.table(sort_by=key, row_limit=30, max_name_column_width=70) for key in sort_keys]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n\n".join([summary, *tables]) + "\n", encoding="utf-8")
-    log.info("%s; tables in %s", summary, path)
+    return summary, [events.table(sort_by=key, row_limit=30, max_name_column_width=70) for key in sort_keys]
 
 
 def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> list[dict[str, Any]]:
@@ -232,20 +242,31 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         data = cfg.data
     src, _ = load_split(data, data.test_split)
     src = src[: cfg.decode_sentences] if cfg.decode_sentences is not None else src
-    rows = []
+    rows, profiles = [], []
     for beam in sorted({1, cfg.eval.beam_size}):
         for use_cache in (True, False):
             eval_cfg = replace(cfg.eval, beam_size=beam, n_best=1, use_cache=use_cache)
+            search = "greedy" if beam == 1 else f"beam {beam}"
+            decode = functools.partial(translate, model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
+            decode()  # untimed: a GPU sets up its kernels (cuDNN plans, cuBLAS handles) per new shape once
             start = time.perf_counter()
-            hypotheses = translate(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
+            hypotheses = decode()
             _sync(device)
             seconds = time.perf_counter() - start
             tokens = sum(len(tgt_tok.encode(h[0])) + 1 for h in hypotheses)
-            rows.append({"search": "greedy" if beam == 1 else f"beam {beam}", "cache": use_cache,
+            rows.append({"search": search, "cache": use_cache,
                          "sentences": len(src), "seconds": seconds, "sentences_per_s": len(src) / seconds,
                          "tokens_per_s": tokens / seconds})
-            log.info("decoding %s cache=%s: %.1f sentences/s", rows[-1]["search"], use_cache,
-                     rows[-1]["sentences_per_s"])
+            log.info("decoding %s cache=%s: %.1f sentences/s", search, use_cache, rows[-1]["sentences_per_s"])
+            if cfg.profile_steps:
+                summary, tables = _profiled(decode, device, f"decoding {search}, cache={use_cache}", len(src),
+                                            "sentence")
+                log.info(summary)
+                profiles += [summary, *tables]
+    if profiles:
+        path = Path(cfg.output_dir) / "profile_decoding.txt"
+        path.write_text("\n\n".join(profiles) + "\n", encoding="utf-8")
+        log.info("decoding profiles in %s", path)
     return rows
 
 

@@ -280,8 +280,9 @@ class TrainingConfig:
     precision: Precision = Precision.auto
     compile: bool = False
     # CUDA only: replay the whole step (forward, backward, clipping, AdamW) from one recorded CUDA graph per batch
-    # shape, batches filled to a fixed shape per padded length (transformer/cuda_graphs.py); one process, accumulate 1
-    cuda_graphs: bool = False
+    # shape, batches filled to a fixed shape per padded length (transformer/cuda_graphs.py); one process, accumulate 1.
+    # None: on where it can run (one CUDA process, accumulate 1, not compiled), off elsewhere (runtime.resolve_training)
+    cuda_graphs: Optional[bool] = None
     threads: Optional[int] = None  # torch intra-op threads on CPU (None: torch's default)
     deterministic: bool = False
     patience: Optional[int] = None  # validations without a greedy-BLEU gain before stopping (None: never)

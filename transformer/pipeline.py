@@ -148,7 +148,7 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
     ``metrics.json`` in the run directory.
     """
     dist = init_distributed(choose_device(cfg.device))
-    cfg = replace(cfg, training=resolve_training(cfg.training, dist.device))  # what the run records
+    cfg = replace(cfg, training=resolve_training(cfg.training, dist.device, dist.world_size))  # as recorded
     try:
         resumed, run = _start_run(cfg, dist)
         with _log_into(run.log_file if resumed is not None and dist.is_main else None):

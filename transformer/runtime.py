@@ -71,21 +71,26 @@ def choose_device(name: str) -> torch.device:
     return device
 
 
-def resolve_training(cfg: TrainingConfig, device: torch.device) -> TrainingConfig:
-    """``cfg`` with ``pad_to_multiple``, when unset (None), filled in for ``device``.
+def resolve_training(cfg: TrainingConfig, device: torch.device, world_size: int = 1) -> TrainingConfig:
+    """``cfg`` with the settings left unset (None) filled in for ``device`` and ``world_size`` processes.
 
     A GPU pads batch lengths to multiples of 8 (tensor-core friendly, few distinct shapes to plan kernels
-    for); a CPU pads to nothing, since every padded position costs it time. Runs record the resolved value,
-    so resuming on another kind of device is refused by key instead of silently changing the batches.
-    ``cuda_graphs`` on another device, and ``precision=bf16`` on a GPU without bfloat16, are refused here,
-    before any work.
+    for); a CPU pads to nothing, since every padded position costs it time. The step is replayed from CUDA
+    graphs wherever that can run: one CUDA process, one batch per step, not compiled (6x the eager step's
+    tokens/s for the default model on an H200, docs/RESULTS.md). Runs record the resolved values, so resuming
+    on another kind of device is refused by key instead of silently changing the batches. ``cuda_graphs`` on
+    another device, and ``precision=bf16`` on a GPU without bfloat16, are refused here, before any work.
     """
     gpu = device.type == "cuda"
     if cfg.cuda_graphs and not gpu:
         raise ConfigError(f"training.cuda_graphs: needs a CUDA device; this run is on {device}")
     if cfg.precision is Precision.bf16 and gpu and not torch.cuda.is_bf16_supported():
         raise ConfigError("training.precision: bf16, but this GPU does not support bfloat16; use fp32 or auto")
-    return replace(cfg, pad_to_multiple=cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (8 if gpu else 1))
+    graphs = cfg.cuda_graphs
+    if graphs is None:
+        graphs = gpu and world_size == 1 and cfg.accumulate == 1 and not cfg.compile
+    pad = cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (8 if gpu else 1)
+    return replace(cfg, pad_to_multiple=pad, cuda_graphs=graphs)
 
 
 def compile_for_training(module: torch.nn.Module) -> Callable:

@@ -118,7 +118,7 @@ class Trainer:
             raise ValueError("the sampler yields no batches: is the training set empty?")
         self.model = model.to(device)
         self.optimizer = optimizer
-        self.cfg = cfg = resolve_training(cfg, device)
+        self.cfg = cfg = resolve_training(cfg, device, dist.world_size)
         self.dataset = dataset
         self.sampler = sampler
         self.collate_fn = collate_fn

@@ -126,7 +126,7 @@ def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) 
     continued from a checkpoint file with only ``resume=`` and a longer ``max_steps``: the recipe comes back from
     the checkpoint, interpolations as typed (a default model or batch size would be refused by the resume check)."""
     recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", f"data.dir={toy_corpus}",
-              "data.cache_dir=${data.dir}_cache", "training.max_tokens=256"]
+              "data.cache_dir=${data.dir}_cache", "training.max_tokens=256", "device=cpu"]
     run = tmp_path / "run"
     first = _train_command(tmp_path, *recipe, "training.max_steps=4", f"output_dir={run}",
                            f"hydra.run.dir={tmp_path / 'first'}")

@@ -1,10 +1,14 @@
-"""Checks that need CUDA (marked ``gpu``; skipped without it): bf16 against fp32, cached decoding, and the
-attention kernels a training step on variable-length batches runs."""
+"""Checks that need CUDA (marked ``gpu``; skipped without it): bf16 against fp32, cached decoding, the
+attention kernels a training step on variable-length batches runs, CUDA graphs, and a run of the pipeline on the
+GPU's defaults, resumed."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.profiler import ProfilerActivity, profile
 
 from test_decoding import REAL, tiny_model, varied_sources
@@ -14,7 +18,9 @@ from test_model import _batch as option_batch
 from test_model import _model as option_model
 from toy_training import BOS, EOS, PAD, copy_pairs, make_trainer, toy_collate, training_config
 from toy_training import tiny_model as graph_model
+from transformer import pipeline
 from transformer.batching import collate_arrays
+from transformer.checkpoint import RunDir, load_checkpoint
 from transformer.config import LengthNorm, Precision
 from transformer.data import TranslationDataset
 from transformer.decoding import beam_search, greedy_search
@@ -144,3 +150,29 @@ def test_recorded_graphs_train_as_the_same_step_run_eagerly():
     _, with_dropout = _graph_run(True, batches * 4, dropout=0.1)
     assert all(s[2].item() == 0.0 and torch.isfinite(s).all() for s in with_dropout)
     assert with_dropout[-1][0] < with_dropout[4][0]  # the same batch, 15 steps later: a lower loss
+
+
+def test_a_run_on_the_gpus_defaults_replays_graphs_and_resumes(compose_config, toy_corpus, tmp_path, caplog):
+    """The pipeline on CUDA with every default (bf16, padding to 8, CUDA graphs): it records graphs, and the
+    run resumed from its step-4 checkpoint retrains steps 5 - 8 to about the same weights (loosely, as above:
+    atomics in attention backward may sum in another order)."""
+    caplog.set_level(logging.INFO, logger="transformer.trainer")
+    steps = ["training.max_steps=8", "training.validate_every_steps=4", "training.average_last=0"]
+
+    def train(*extra: str) -> dict:
+        cfg = compose_config("train", [
+            "data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", "training.lr=3e-3",
+            "training.warmup_steps=4", "training.max_tokens=512", f"data.dir={toy_corpus}",
+            f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}", *steps, *extra])
+        return pipeline.train(OmegaConf.to_object(cfg))
+
+    train()
+    run = RunDir(tmp_path / "run")
+    first = load_checkpoint(run.last)
+    assert first["config"]["training"]["cuda_graphs"] is True and first["config"]["training"]["pad_to_multiple"] == 8
+    assert "CUDA graphs recorded for" in caplog.text
+    again = train(f"resume={run.checkpoints / 'step_4.pt'}")
+    assert again["train"]["steps"] == 8
+    a = torch.cat([w.float().flatten() for w in first["model"].values()])
+    b = torch.cat([w.float().flatten() for w in load_checkpoint(run.last)["model"].values()])
+    assert (a - b).norm() < 1e-2 * a.norm()

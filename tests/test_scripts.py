@@ -16,7 +16,7 @@ from transformer.checkpoint import load_checkpoint
 from conftest import REPO
 
 RECIPE = ["data=toy_copy", "model=tiny", "eval=greedy", "training.max_tokens=256", "training.max_steps=6",
-          "training.validate_every_steps=3"]
+          "training.validate_every_steps=3", "device=cpu"]  # the scripts' logic, the same on a GPU machine
 
 
 def _train_ensemble(out: Path, toy_corpus: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess:

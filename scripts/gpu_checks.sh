@@ -2,7 +2,7 @@
 # The GPU measurements of docs/RESULTS.md in a few calls on a lent GPU machine, logs under $OUT (else gpu_checks/).
 #
 #   scripts/gpu_checks.sh lease    # what one ten-minute call can hold, for a lease of 15 minutes in all: the gpu
-#                                  # tests, the default job with CUDA graphs (stopped at 4 minutes, annealed),
+#                                  # tests, the default job with CUDA graphs (limited to 3.5 minutes: annealed if cut),
 #                                  # then eager against graphs for the default model and decoding its checkpoint
 #   scripts/gpu_checks.sh lease_more  # its second call: the default job de->en (CUDA graphs), decoding profiled on
 #                                     # its model, the whole suite (8 pytest-xdist workers), eager against graphs
@@ -58,7 +58,7 @@ lease)
         "hydra.run.dir=$runs/half"
     step half_graphs timeout 40 python scripts/benchmark.py training.cuda_graphs=true train_steps=200 \
         untimed_steps=30 decode_sentences=20 "hydra.run.dir=$runs/half_graphs"
-    tar czf "$out/lease_runs.tgz" --exclude='*.pt' -C "$(dirname $runs)" "$(basename $runs)"
+    tar czf "$out/lease_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
     ;;
 lease_more)
     runs=/tmp/gpu_lease_more
@@ -72,7 +72,7 @@ lease_more)
         train_steps=60 untimed_steps=10 decode_sentences=10 "hydra.run.dir=$runs/base"
     step base_graphs timeout 40 python scripts/benchmark.py model=base training.max_tokens=16384 \
         training.cuda_graphs=true train_steps=60 untimed_steps=10 decode_sentences=10 "hydra.run.dir=$runs/base_graphs"
-    tar czf "$out/lease_more_runs.tgz" --exclude='*.pt' -C "$(dirname $runs)" "$(basename $runs)"
+    tar czf "$out/lease_more_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
     ;;
 tests)
     step gpu_tests python -m pytest -q -m gpu tests/test_gpu.py
@@ -110,7 +110,7 @@ ensemble)
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 tests|speed|job|quality|ensemble [DATA]" >&2
+    echo "usage: $0 lease|lease_more|tests|speed|job|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

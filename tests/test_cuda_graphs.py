@@ -129,6 +129,8 @@ def test_graphs_need_one_process_and_the_fused_optimizer():
 def test_recording_needs_a_cuda_device():
     with pytest.raises(ConfigError, match="training.cuda_graphs: needs a CUDA device; this run is on cpu"):
         resolve_training(training_config(cuda_graphs=True), CPU)  # what a run checks first
+    with pytest.raises(ConfigError, match="training.cuda_graphs: needs one process .*torchrun started 2"):
+        resolve_training(training_config(cuda_graphs=True), torch.device("cuda"), world_size=2)
     model = tiny_model(seed=0)
     cfg = training_config(cuda_graphs=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, got cpu"):

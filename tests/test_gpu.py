@@ -161,8 +161,8 @@ def test_a_run_on_the_gpus_defaults_replays_graphs_and_resumes(compose_config, t
 
     def train(*extra: str) -> dict:
         cfg = compose_config("train", [
-            "data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", "training.lr=3e-3",
-            "training.warmup_steps=4", "training.max_tokens=512", f"data.dir={toy_corpus}",
+            "data=toy_copy", "model=tiny", "model.dropout=0.0", "eval=greedy", "training.progress_bar=false",
+            "training.lr=3e-3", "training.warmup_steps=4", "training.max_tokens=512", f"data.dir={toy_corpus}",
             f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'run'}", *steps, *extra])
         return pipeline.train(OmegaConf.to_object(cfg))
 

@@ -82,6 +82,16 @@ def test_resume_warns_naming_an_optimisation_setting(key, value, caplog):
     assert caplog.records[0].getMessage().startswith(f"{key}: the checkpoint run/last.pt was trained with ")
 
 
+def test_an_eager_run_resumed_on_a_gpu_is_told_how_to_keep_its_step(caplog):
+    on_gpu = _set(SAVED, "training.cuda_graphs", True)  # the saved run's other values: only the step changes
+    with caplog.at_level("WARNING"):
+        check_resume_config(SAVED, on_gpu, "run/last.pt")
+    message = caplog.records[0].getMessage()
+    assert len(caplog.records) == 1 and message.startswith("training.cuda_graphs: the checkpoint run/last.pt was "
+                                                           "trained with False, this run resolves True")
+    assert message.endswith("training.cuda_graphs=false keeps the step as it was")
+
+
 def test_resume_compares_only_keys_both_configs_have():
     older = copy.deepcopy(SAVED)
     del older["training"]["max_tokens"]  # a checkpoint from before the key existed

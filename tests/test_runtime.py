@@ -90,7 +90,7 @@ def test_padding_and_graph_defaults_per_device_and_explicit_values_win():
     assert replace(cpu, **unresolved) == replace(gpu, **unresolved) == TrainingConfig()
     mine = resolve_training(TrainingConfig(pad_to_multiple=4, cuda_graphs=False), torch.device("cuda"))
     assert (mine.pad_to_multiple, mine.cuda_graphs) == (4, False)
-    assert resolve_training(gpu, torch.device("cuda"), world_size=2) == gpu  # resolving twice changes nothing
+    assert resolve_training(gpu, torch.device("cuda")) == gpu  # resolving twice changes nothing
 
 
 @pytest.mark.parametrize("overrides, world_size", [(dict(accumulate=2), 1), (dict(compile=True), 1), ({}, 2)])

@@ -50,7 +50,8 @@ def tiny_model(seed: int, dropout: float = 0.1) -> nn.Module:
 def training_config(**overrides) -> TrainingConfig:
     base = dict(seed=7, max_epochs=3, max_tokens=48, accumulate=1, lr=3e-3, warmup_steps=4, schedule=Schedule.inverse_sqrt,
                 label_smoothing=0.1, clip_grad_norm=1.0, precision=Precision.fp32, patience=None,
-                log_every_steps=2, keep_last=2, average_last=0, progress_bar=False)
+                log_every_steps=2, keep_last=2, average_last=0, progress_bar=False,
+                cuda_graphs=False)  # the eager step on any device, unless a test asks for graphs
     base.update(overrides)
     return TrainingConfig(**base)
 

@@ -29,8 +29,9 @@ RESUME_MUST_MATCH = (
     "data.max_pairs", "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
     "training.accumulate", "training.pad_to_multiple", "training.bpe_dropout",
 )
-# Settings whose null meant "the device's default" (today only ``pad_to_multiple``'s does, resolved when a run
-# starts); a run that saved the null leaves its value unknown, so it is not compared.
+# Settings whose null meant "the device's default" (today ``pad_to_multiple``'s and ``cuda_graphs``', resolved
+# when a run starts, so no run saves them null); a run that saved the null leaves its value unknown, so it is not
+# compared.
 DEVICE_DEFAULTS = ("training.pad_to_multiple", "training.max_tokens", "training.accumulate")
 # Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
 RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")
@@ -84,6 +85,12 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
         raise ConfigError(f"{key}: the checkpoint {path} was trained with {old[key]!r}, the config says "
                           f"{new[key]!r}; {why}. To continue it as it was trained, add: {as_trained}")
     for key in changed:
+        if key == "training.cuda_graphs":  # the same update, run another way: not a change of the recipe
+            log.warning("%s: the checkpoint %s was trained with %r, this run resolves %r (on one GPU the step is "
+                        "replayed from CUDA graphs by default since version 0.8): the same updates up to rounding; "
+                        "training.cuda_graphs=%s keeps the step as it was", key, path, old[key], new[key],
+                        _override_value(old[key]))
+            continue
         log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
                     "the new value (same batches, a different optimisation or stopping rule from here on)",
                     key, path, old[key], new[key])

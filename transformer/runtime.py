@@ -79,11 +79,15 @@ def resolve_training(cfg: TrainingConfig, device: torch.device, world_size: int 
     graphs wherever that can run: one CUDA process, one batch per step, not compiled (6x the eager step's
     tokens/s for the default model on an H200, docs/RESULTS.md). Runs record the resolved values, so resuming
     on another kind of device is refused by key instead of silently changing the batches. ``cuda_graphs`` on
-    another device, and ``precision=bf16`` on a GPU without bfloat16, are refused here, before any work.
+    another device or under torchrun, and ``precision=bf16`` on a GPU without bfloat16, are refused here, before
+    any work.
     """
     gpu = device.type == "cuda"
     if cfg.cuda_graphs and not gpu:
         raise ConfigError(f"training.cuda_graphs: needs a CUDA device; this run is on {device}")
+    if cfg.cuda_graphs and world_size > 1:
+        raise ConfigError(f"training.cuda_graphs: needs one process (DDP's gradient hooks are not recorded); "
+                          f"torchrun started {world_size}")
     if cfg.precision is Precision.bf16 and gpu and not torch.cuda.is_bf16_supported():
         raise ConfigError("training.precision: bf16, but this GPU does not support bfloat16; use fp32 or auto")
     graphs = cfg.cuda_graphs

@@ -8,8 +8,8 @@ Measured in one process, written as ``benchmark.json`` and ``benchmark.md`` in t
 - the machine's sustained matmul FLOP/s (fp32 on CPU, bf16 on CUDA) at the same thread count, the model's
   training FLOPs per target token, and so the model FLOP utilisation (useful FLOPs on real tokens only);
 - decoding of the test split: sentences/s and tokens/s for greedy and beam search, with and without the
-  KV cache, each timed on a second pass over the sentences (``checkpoint=`` decodes with a trained model;
-  otherwise a random one, whose hypotheses run to the maximum length);
+  KV cache, on a GPU each timed on a second pass over the sentences (``checkpoint=`` decodes with a trained
+  model; otherwise a random one, whose hypotheses run to the maximum length);
 - peak memory (RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA);
 - with ``profile_steps``, a ``torch.profiler`` table of a few more training steps (``profile.txt``): operator
   calls and GPU kernels per step, where the host time goes and how long the GPU is busy (for steps replayed from
@@ -200,8 +200,10 @@ def _collated(trainer: Trainer, group: list[list[int]]) -> list[Any]:
 def profile_steps(trainer: Trainer, batches: Iterator[list[Any]], steps: int, device: torch.device,
                   path: Path) -> None:
     """Run ``steps`` training steps under ``torch.profiler``; write per-step totals and the operator tables."""
-    summary, tables = _profiled(lambda: [trainer.train_step(next(batches)) for _ in range(steps)], device,
-                                f"{steps} profiled steps", steps, "step")
+    what = f"{steps} profiled steps" + (" (replayed from CUDA graphs: the operators are the replays')"
+                                        if trainer.graphs is not None else "")
+    summary, tables = _profiled(lambda: [trainer.train_step(next(batches)) for _ in range(steps)], device, what,
+                                steps, "step")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n\n".join([summary, *tables]) + "\n", encoding="utf-8")
     log.info("%s; tables in %s", summary, path)
@@ -248,7 +250,8 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
             eval_cfg = replace(cfg.eval, beam_size=beam, n_best=1, use_cache=use_cache)
             search = "greedy" if beam == 1 else f"beam {beam}"
             decode = functools.partial(translate, model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
-            decode()  # untimed: a GPU sets up its kernels (cuDNN plans, cuBLAS handles) per new shape once
+            if device.type == "cuda":
+                decode()  # untimed: a GPU sets up its kernels (cuDNN plans, cuBLAS handles) per new shape once
             start = time.perf_counter()
             hypotheses = decode()
             _sync(device)

@@ -7,6 +7,8 @@
 #   scripts/gpu_checks.sh lease_more  # its second call: the default job de->en (CUDA graphs), decoding profiled on
 #                                     # its model, the whole suite (8 pytest-xdist workers), eager against graphs
 #                                     # for base
+#   scripts/gpu_checks.sh levers   # issue 15 on a GPU: what makes one model of the default cheaper there (one call):
+#                                  # validating every other epoch, 4096- and 8192-position batches (lr raised)
 #   scripts/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
 #   scripts/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
 #                                  # (training.cuda_graphs=false) against CUDA graphs (a GPU's default)
@@ -74,6 +76,18 @@ lease_more)
         training.cuda_graphs=true train_steps=60 untimed_steps=10 decode_sentences=10 "hydra.run.dir=$runs/base_graphs"
     tar czf "$out/lease_more_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
     ;;
+levers)
+    runs=/tmp/gpu_levers
+    for lever in "every2 training.validate_every_steps=1082" \
+        "b4096 training.max_tokens=4096 training.lr=3e-3 training.warmup_steps=500" \
+        "b8192 training.max_tokens=8192 training.lr=4e-3 training.warmup_steps=250"; do
+        read -r name overrides <<<"$lever"
+        # shellcheck disable=SC2086  # the overrides split into words on purpose
+        step "$name" timeout 170 python scripts/train.py $overrides training.max_minutes=2.5 "hydra.run.dir=$runs/$name"
+        grep -h "training stopped\|projected\|validation BLEU\|test " "$runs/$name/train.log" | tail -n 4
+    done
+    tar czf "$out/levers_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
+    ;;
 tests)
     step gpu_tests python -m pytest -q -m gpu tests/test_gpu.py
     step suite python -m pytest -q -x
@@ -110,7 +124,7 @@ ensemble)
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 lease|lease_more|tests|speed|job|quality|ensemble [DATA]" >&2
+    echo "usage: $0 lease|lease_more|levers|tests|speed|job|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

@@ -24,8 +24,10 @@
 #                      wide one added to the three beat them.
 # Environment: SEEDS="1234 1 2", BACKWARD_SEEDS="1234 1", STUDENT_SEEDS="1234 1 2", WIDE_STUDENT_SEEDS="1234",
 # STUDENT_EPOCHS=15 (46 epochs of the corpus over three times the pairs: about the default's number of updates),
-# PARALLEL and PYTHON as in scripts/train_ensemble.sh (PARALLEL only on a GPU). A kept corpus is not remade when the
-# teachers change: remove OUT_DIR/corpus for that.
+# PARALLEL and PYTHON as in scripts/train_ensemble.sh (PARALLEL only on a GPU), SCORE_TEACHERS=1 (0: score no
+# teachers' ensemble; train_ensemble.sh on their folder scores it later). With PARALLEL > 1 the two directions'
+# teachers train side by side, and so do the wide and the other students: up to twice PARALLEL runs at once. A kept
+# corpus is not remade when the teachers change: remove OUT_DIR/corpus for that.
 set -euo pipefail
 if [[ $# -lt 1 ]]; then
     echo "usage: $0 OUT_DIR [OVERRIDES...]   (environment: see the header of $0)" >&2
@@ -44,18 +46,37 @@ if [[ ${#forward_seeds[@]} -eq 0 ]]; then
 fi
 [[ ${backward_seeds[*]} == none ]] && backward_seeds=()
 
-SEEDS="${forward_seeds[*]}" "$here/train_ensemble.sh" "$out/forward" "$@"
-if [[ ${#backward_seeds[@]} -gt 0 ]]; then
-    # The direction the recipe trains, as its first run stored it: the backward teachers train the other one.
-    direction=$("$python" -c 'import sys; from transformer.checkpoint import load_checkpoint
-data = load_checkpoint(sys.argv[1])["config"]["data"]
-print(data["src"], data["tgt"])' "$out/forward/seed_${forward_seeds[0]}/checkpoints/final.pt") || {
-        echo "could not read the language pair of $out/forward/seed_${forward_seeds[0]}" >&2
-        exit 1
-    }
-    read -r src tgt <<<"$direction"
-    SEEDS="${backward_seeds[*]}" "$here/train_ensemble.sh" "$out/backward" "$@" "data.src=$tgt" "data.tgt=$src"
-fi
+parallel=${PARALLEL:-1}
+side_by_side() {  # side_by_side F G: the functions F and G, at once when PARALLEL > 1; fails if either does
+    if [[ $parallel -gt 1 ]]; then
+        "$1" &
+        local first=$! failed=0
+        "$2" || failed=1
+        wait "$first" || failed=1
+        return "$failed"
+    fi
+    "$1" && "$2"
+}
+
+# The direction the recipe trains, as OVERRIDES compose it: the backward teachers train the other one.
+direction=$("$python" "$here/train.py" "$@" --cfg job --package data | "$python" -c 'import sys, yaml
+data = yaml.safe_load(sys.stdin)
+print(data["src"], data["tgt"])') || {
+    echo "could not compose the recipe's language pair from the overrides: $*" >&2
+    exit 1
+}
+read -r src tgt <<<"$direction"
+overrides=("$@")
+teachers_train_only=$([[ ${SCORE_TEACHERS:-1} == 0 ]] && echo 1 || echo 0)
+forward() {
+    SEEDS="${forward_seeds[*]}" TRAIN_ONLY=$teachers_train_only "$here/train_ensemble.sh" "$out/forward" "${overrides[@]}"
+}
+backward() {
+    [[ ${#backward_seeds[@]} -eq 0 ]] && return 0
+    SEEDS="${backward_seeds[*]}" TRAIN_ONLY=$teachers_train_only "$here/train_ensemble.sh" "$out/backward" \
+        "${overrides[@]}" "data.src=$tgt" "data.tgt=$src"
+}
+side_by_side forward backward
 
 runs() {  # runs DIR SEED...: the runs' folders, comma-separated, for a Hydra list
     local dir=$1
@@ -70,21 +91,28 @@ if [[ -f $out/corpus/diversify.json ]]; then
     echo "diversified corpus: made earlier, kept ($out/corpus)"
 else
     rm -rf "$out/corpus"  # a crash before diversify.json leaves nothing worth keeping
-    devices=()
+    decoding=()  # the overrides that reach the translations: on which device, in batches of how many sentences
     for override in "$@"; do
-        case $override in device=*) devices+=("$override") ;; esac
+        case $override in device=* | eval.batch_size=*) decoding+=("$override") ;; esac
     done
     "$python" "$here/diversify.py" "forward=[$(runs "$out/forward" "${forward_seeds[@]}")]" \
         "backward=[$(runs "$out/backward" ${backward_seeds[@]+"${backward_seeds[@]}"})]" "out_dir=$out/corpus" \
-        "hydra.run.dir=$out/diversify" "${devices[@]}"
+        "hydra.run.dir=$out/diversify" ${decoding[@]+"${decoding[@]}"}
 fi
 
 student=("$@" "data.train_dir=$out/corpus" data.max_pairs=null "training.max_epochs=${STUDENT_EPOCHS:-15}")
 read -r -a wide_seeds <<<"${WIDE_STUDENT_SEEDS:-1234}"
 [[ ${wide_seeds[*]} == none ]] && wide_seeds=()
-wide_runs=()
-if [[ ${#wide_seeds[@]} -gt 0 ]]; then
-    SEEDS="${wide_seeds[*]}" "$here/train_ensemble.sh" "$out/student_wide" "${student[@]}" model=wide  # after OVERRIDES: wins
-    wide_runs=("${wide_seeds[@]/#/$out/student_wide/seed_}")
+wide_students() {
+    [[ ${#wide_seeds[@]} -eq 0 ]] && return 0
+    SEEDS="${wide_seeds[*]}" "$here/train_ensemble.sh" "$out/student_wide" "${student[@]}" model=wide  # wins: last
+}
+students() {  # the other students; with MORE_MEMBERS, scored with those as one ensemble
+    SEEDS="${STUDENT_SEEDS:-1234 1 2}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"
+}
+students_unscored() { TRAIN_ONLY=1 students; }
+if [[ $parallel -gt 1 ]]; then  # side by side first; the calls below then keep them and score the ensemble
+    side_by_side wide_students students_unscored
 fi
-MORE_MEMBERS="${wide_runs[*]}" SEEDS="${STUDENT_SEEDS:-1234 1 2}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"
+wide_students
+MORE_MEMBERS="${wide_seeds[*]/#/$out/student_wide/seed_}" students

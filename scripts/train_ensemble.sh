@@ -14,6 +14,7 @@
 #   MORE_MEMBERS=      finished runs of another recipe on the same data (run folders, space-separated; e.g. a larger
 #                      model), scored with these runs as one ensemble
 #   PYTHON=python      the interpreter that runs scripts/train.py and scripts/evaluate.py
+#   TRAIN_ONLY=0       1: train (or keep) the runs and score no ensemble; run again without it to score them
 # Run it again after a crash (with the same OVERRIDES): a finished run (its metrics.json written) is kept, an
 # unfinished one resumed. Each run scores itself on the test set (train.log, metrics.json); the ensemble of all of
 # them, decoded with the eval settings among OVERRIDES, is scored on the validation and test splits in
@@ -87,6 +88,9 @@ if [[ $failed -ne 0 ]]; then
     exit 1
 fi
 
+if [[ ${TRAIN_ONLY:-0} == 1 ]]; then
+    exit 0
+fi
 members=()
 for seed in "${seeds[@]}"; do
     members+=("$out/seed_$seed")

@@ -46,13 +46,17 @@ def test_train_ensemble_trains_every_seed_scores_the_ensemble_and_resumes(toy_co
         assert f"{test_set}: BLEU" in first.stdout
     assert "seed 5: test (" in first.stdout and "seed 6: test (" in first.stdout
 
-    # A crash before seed 6's end (its metrics.json not written): run again, seed 5 is kept and seed 6 resumed.
+    # A crash before seed 6's end (its metrics.json not written): run again, seed 5 is kept and seed 6 resumed;
+    # TRAIN_ONLY=1 scores no ensemble.
     (out / "seed_6" / "metrics.json").unlink()
-    again = _train_ensemble(out, toy_corpus, SEEDS="5 6")
+    for split in ("val", "test"):
+        (out / f"ensemble_{split}" / "metrics.json").unlink()
+    again = _train_ensemble(out, toy_corpus, SEEDS="5 6", TRAIN_ONLY="1")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "seed 5: finished earlier, kept" in again.stdout and "seed 6: resuming" in again.stdout
     assert (out / "seed_6" / "metrics.json").is_file()
     assert "resuming the run in" in (out / "seed_6" / "train.log").read_text(encoding="utf-8")
+    assert not (out / "ensemble_val" / "metrics.json").exists() and "BLEU" not in again.stdout
 
 
 def test_train_ensemble_stops_before_scoring_when_a_member_fails(toy_corpus: Path, tmp_path: Path) -> None:
@@ -84,7 +88,8 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     command = ["bash", str(REPO / "scripts" / "train_diversified.sh"), str(out), *RECIPE, f"data.dir={toy_corpus}",
                "data.cache_dir=${data.dir}_cache"]
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "SEEDS": "5 6", "BACKWARD_SEEDS": "7 8",
-           "STUDENT_SEEDS": "1234", "WIDE_STUDENT_SEEDS": "9", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+           "STUDENT_SEEDS": "1234", "WIDE_STUDENT_SEEDS": "9", "PARALLEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     backward = load_checkpoint(out / "backward" / "seed_7" / "checkpoints" / "final.pt")["config"]["data"]
@@ -102,6 +107,8 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     assert scored["ensemble"] == [str(out / "student_wide" / "seed_9" / "checkpoints" / "final.pt")]
     assert f"{out / 'student_wide' / 'seed_9'}: test (test" in first.stdout
 
+    # Run again one run at a time: everything is kept, and the ensemble of students scored once more.
+    env.pop("PARALLEL")
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "diversified corpus: made earlier, kept" in again.stdout

@@ -9,11 +9,9 @@
 #                                     # for base
 #   scripts/gpu_checks.sh levers   # issue 15 on a GPU: what makes one model of the default cheaper there (one call):
 #                                  # validating every other epoch, 4096- and 8192-position batches (lr raised)
-#   scripts/gpu_checks.sh best [DATA]  # issue 15's GPU recipe, timed whole: data diversification with its runs side
-#                                      # by side under MPS (exit 3 at once where MPS does not start), beside the
-#                                      # whole suite (4 workers, niced, outside MPS); stopped after BEST_LIMIT
-#                                      # seconds (default 520), the runs kept in outputs/gpu_best_DATA: call it
-#                                      # again (the machine still warm) to resume them and finish
+#   scripts/gpu_checks.sh best [DATA]  # issue 15's GPU recipe, scripts/train_best_gpu.sh, timed whole; stopped
+#                                      # after BEST_LIMIT seconds (default 560), the runs kept in
+#                                      # outputs/gpu_best_DATA: call it again (the machine still warm) to finish
 #   scripts/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
 #   scripts/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
 #                                  # (training.cuda_graphs=false) against CUDA graphs (a GPU's default)
@@ -96,36 +94,14 @@ levers)
 best)
     data="${2:-multi30k_en_de}"
     runs="outputs/gpu_best_$data"  # outside $out: the next call resumes what this one leaves
-    # MPS lets the processes' small kernels run at once; without it they would take turns on the GPU.
-    mkdir -p /tmp/mps_pipe /tmp/mps_log
-    if ! CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log nvidia-cuda-mps-control -d; then
-        echo "MPS did not start"
-        exit 3
-    fi
-    probe='import torch; x = torch.ones(8, device="cuda"); g = torch.cuda.CUDAGraph()
-with torch.cuda.graph(g): y = x * 2
-g.replay(); print("MPS client ok:", y.sum().item())'
-    if ! CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe timeout 60 python -c "$probe"; then
-        echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe nvidia-cuda-mps-control
-        cat /tmp/mps_log/* 2>/dev/null | tail -n 5
-        exit 3
-    fi
-    OMP_NUM_THREADS=1 nice -n 10 python -m pytest -q -n 4 -p no:cacheprovider >"$out/suite.log" 2>&1 &
-    suite=$!
-    start=$SECONDS
-    CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe PARALLEL=3 SCORE_TEACHERS=0 step "best_$data" \
-        timeout -s INT -k 30 "${BEST_LIMIT:-520}" scripts/train_diversified.sh "$runs" "data=$data" \
-        training.validate_every_steps=1082 eval.batch_size=2048
-    echo "recipe: $((SECONDS - start)) s"
+    step "best_$data" timeout -s INT -k 30 "${BEST_LIMIT:-560}" scripts/train_best_gpu.sh "$runs" "data=$data"
+    grep -h "MPS\|the recipe took" "$out/best_$data.log"
     for log in "$runs"/*/seed_*/train.log; do
         echo "$log: $(grep -h "training stopped" "$log" | tail -n 1 | sed 's/.*training stopped/stopped/')"
         grep -h " test (" "$log" | tail -n 1
     done
-    wait "$suite"
-    echo "suite: $(tail -n 1 "$out/suite.log")"
-    grep -h "^FAILED\|^ERROR" "$out/suite.log" | head -n 20
-    echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe nvidia-cuda-mps-control
-    tar czf "$out/best_runs.tgz" --exclude='*.pt' --exclude='*.gz' --exclude=cache -C outputs "gpu_best_$data"
+    cp -r "$runs"/student/ensemble_* "$out/" 2>/dev/null
+    tar czf "$out/best_runs.tgz" --exclude='*.pt' --exclude='*.gz' -C outputs "gpu_best_$data"
     ;;
 tests)
     step gpu_tests python -m pytest -q -m gpu tests/test_gpu.py

@@ -113,3 +113,12 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "diversified corpus: made earlier, kept" in again.stdout
     assert again.stdout.count("finished earlier, kept") == 6
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+def test_train_best_gpu_refuses_a_machine_without_a_gpu_and_names_the_cpu_recipe(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(REPO / "scripts" / "train_best_gpu.sh"), str(tmp_path / "best")],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 2
+    assert "torch sees none here" in result.stderr and "scripts/train_diversified.sh" in result.stderr
+    assert not (tmp_path / "best").exists()

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# This project's best recipe, in minutes on one GPU: data diversification (scripts/train_diversified.sh: five
+# teachers, their translations of the training split, four students decoding as one ensemble) shaped for a GPU.
+# Its runs train side by side (PARALLEL=3: the five teachers at once, then the four students) under NVIDIA MPS,
+# which lets their small kernels share the GPU's multiprocessors instead of taking turns on it; they validate every
+# 1,082 steps (every other epoch of Multi30k en-de) and decode 2,048 sentences a batch; the teachers' ensembles are
+# not scored.
+#
+#   MULTI30K_DIR=../shared/data/multi30k scripts/train_best_gpu.sh OUT_DIR [OVERRIDES...]   # e.g. data=multi30k_de_en
+#
+# Measured (docs/RESULTS.md, "Nine minutes on one H100"): 8.9 minutes on one H100, test_2016_flickr en-de
+# 41.72 sacreBLEU / 42.17 tokenized; the result is OUT_DIR/student/ensemble_test. Run it again after a crash: what
+# finished is kept, the rest resumed. MPS: a control daemon of its own (its pipe folder private to this script's
+# runs) where nvidia-cuda-mps-control exists, stopped at the end; MPS=0 starts none (the runs then take turns on the
+# GPU: about twice as long). Environment and OVERRIDES otherwise as for scripts/train_diversified.sh.
+set -euo pipefail
+if [[ $# -lt 1 ]]; then
+    echo "usage: $0 OUT_DIR [OVERRIDES...]   (environment: see the header of $0)" >&2
+    exit 2
+fi
+out=$1
+shift
+python=${PYTHON:-python}
+here=$(cd "$(dirname "$0")" && pwd)
+if ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+    echo "$0 is the recipe for a GPU, and torch sees none here; on a CPU, scripts/train_diversified.sh $out" \
+        "trains the same recipe one run at a time (about 8.5 hours on 2 cores)" >&2
+    exit 2
+fi
+
+stop_mps() {
+    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+    rm -rf "$CUDA_MPS_PIPE_DIRECTORY"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+if [[ ${MPS:-1} == 0 ]]; then
+    echo "MPS=0: the runs take turns on the GPU"
+elif ! command -v nvidia-cuda-mps-control >/dev/null; then
+    echo "no nvidia-cuda-mps-control on the PATH: the runs take turns on the GPU (about twice as long)" >&2
+else
+    CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d "${TMPDIR:-/tmp}/mps.XXXXXX")
+    export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY
+    if nvidia-cuda-mps-control -d && "$python" -c 'import torch; torch.ones(1, device="cuda").sum().item()'; then
+        trap stop_mps EXIT
+        echo "MPS: on ($CUDA_MPS_PIPE_DIRECTORY)"
+    else
+        echo "MPS did not start (its log: $(tail -n 2 "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null)):" \
+            "the runs take turns on the GPU" >&2
+        stop_mps
+    fi
+fi
+
+started=$SECONDS
+PARALLEL=${PARALLEL:-3} SCORE_TEACHERS=${SCORE_TEACHERS:-0} "$here/train_diversified.sh" "$out" \
+    training.validate_every_steps=1082 eval.batch_size=2048 "$@"
+echo "the recipe took $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s; its ensemble's scores:" \
+    "$out/student/ensemble_test/metrics.json"

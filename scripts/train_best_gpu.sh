@@ -10,9 +10,9 @@
 #
 # Measured (docs/RESULTS.md, "Nine minutes on one H100"): 8.9 minutes on one H100, test_2016_flickr en-de
 # 41.72 sacreBLEU / 42.17 tokenized; the result is OUT_DIR/student/ensemble_test. Run it again after a crash: what
-# finished is kept, the rest resumed. MPS: a control daemon of its own (its pipe folder private to this script's
-# runs) where nvidia-cuda-mps-control exists, stopped at the end; MPS=0 starts none (the runs then take turns on the
-# GPU: about twice as long). Environment and OVERRIDES otherwise as for scripts/train_diversified.sh.
+# finished is kept, the rest resumed. MPS: started for this script's runs alone by scripts/with_mps.sh, where it can
+# be; MPS=0 starts none (the runs then take turns on the GPU: about twice as long, not measured). Environment and
+# OVERRIDES otherwise as for scripts/train_diversified.sh.
 set -euo pipefail
 if [[ $# -lt 1 ]]; then
     echo "usage: $0 OUT_DIR [OVERRIDES...]   (environment: see the header of $0)" >&2
@@ -28,30 +28,8 @@ if ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; 
     exit 2
 fi
 
-stop_mps() {
-    echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
-    rm -rf "$CUDA_MPS_PIPE_DIRECTORY"
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-}
-if [[ ${MPS:-1} == 0 ]]; then
-    echo "MPS=0: the runs take turns on the GPU"
-elif ! command -v nvidia-cuda-mps-control >/dev/null; then
-    echo "no nvidia-cuda-mps-control on the PATH: the runs take turns on the GPU (about twice as long)" >&2
-else
-    CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d "${TMPDIR:-/tmp}/mps.XXXXXX")
-    export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY
-    if nvidia-cuda-mps-control -d && "$python" -c 'import torch; torch.ones(1, device="cuda").sum().item()'; then
-        trap stop_mps EXIT
-        echo "MPS: on ($CUDA_MPS_PIPE_DIRECTORY)"
-    else
-        echo "MPS did not start (its log: $(tail -n 2 "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null)):" \
-            "the runs take turns on the GPU" >&2
-        stop_mps
-    fi
-fi
-
 started=$SECONDS
-PARALLEL=${PARALLEL:-3} SCORE_TEACHERS=${SCORE_TEACHERS:-0} "$here/train_diversified.sh" "$out" \
+PARALLEL=${PARALLEL:-3} SCORE_TEACHERS=${SCORE_TEACHERS:-0} "$here/with_mps.sh" "$here/train_diversified.sh" "$out" \
     training.validate_every_steps=1082 eval.batch_size=2048 "$@"
 echo "the recipe took $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s; its ensemble's scores:" \
     "$out/student/ensemble_test/metrics.json"

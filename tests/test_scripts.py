@@ -122,3 +122,11 @@ def test_train_best_gpu_refuses_a_machine_without_a_gpu_and_names_the_cpu_recipe
     assert result.returncode == 2
     assert "torch sees none here" in result.stderr and "scripts/train_diversified.sh" in result.stderr
     assert not (tmp_path / "best").exists()
+
+
+def test_with_mps_runs_the_command_and_returns_its_status(tmp_path: Path) -> None:
+    command = ["bash", str(REPO / "scripts" / "with_mps.sh"), "bash", "-c", "echo ran with $0; exit 7", "args"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "MPS": "0"})
+    assert result.returncode == 7
+    assert result.stdout.splitlines() == ["MPS=0: without MPS, the CUDA processes take turns on the GPU", "ran with args"]
+    assert subprocess.run(["bash", str(REPO / "scripts" / "with_mps.sh")], capture_output=True).returncode == 2

@@ -3,12 +3,12 @@
 # teachers, their translations of the training split, four students decoding as one ensemble) shaped for a GPU.
 # Its runs train side by side (PARALLEL=3: the five teachers at once, then the four students) under NVIDIA MPS,
 # which lets their small kernels share the GPU's multiprocessors instead of taking turns on it; they validate every
-# 1,082 steps (every other epoch of Multi30k en-de) and decode 2,048 sentences a batch; the teachers' ensembles are
-# not scored.
+# 1,082 steps (the teachers every other epoch of Multi30k, the students, on three times the pairs, about every
+# two thirds of an epoch) and decode 2,048 sentences a batch; the teachers' ensembles are not scored.
 #
 #   MULTI30K_DIR=../shared/data/multi30k scripts/train_best_gpu.sh OUT_DIR [OVERRIDES...]   # e.g. data=multi30k_de_en
 #
-# Measured (docs/RESULTS.md, "Nine minutes on one H100"): 8.9 minutes on one H100, test_2016_flickr en-de
+# Measured (docs/RESULTS.md, "Nine minutes on one H100"): 9.0 minutes on one H100, test_2016_flickr en-de
 # 41.72 sacreBLEU / 42.17 tokenized; the result is OUT_DIR/student/ensemble_test. Run it again after a crash: what
 # finished is kept, the rest resumed. MPS: started for this script's runs alone by scripts/with_mps.sh, where it can
 # be; MPS=0 starts none (the runs then take turns on the GPU: about twice as long, not measured). Environment and
@@ -23,8 +23,8 @@ shift
 python=${PYTHON:-python}
 here=$(cd "$(dirname "$0")" && pwd)
 if ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
-    echo "$0 is the recipe for a GPU, and torch sees none here; on a CPU, scripts/train_diversified.sh $out" \
-        "trains the same recipe one run at a time (about 8.5 hours on 2 cores)" >&2
+    echo "$0 is the recipe for a GPU, and $python's torch sees none here (or does not import); on a CPU," \
+        "scripts/train_diversified.sh $out trains the same recipe one run at a time (about 8.5 hours on 2 cores)" >&2
     exit 2
 fi
 

@@ -13,7 +13,7 @@
 #                      (BACKWARD_SEEDS=none: no backward teachers, no back-translations)
 #   OUT_DIR/corpus     the training split, then its sources with the forward ensemble's translations, then the
 #                      backward ensemble's translations with its targets: three times the pairs (beam 5; of
-#                      OVERRIDES only device=... reaches this step)
+#                      OVERRIDES only device=... and eval.batch_size=... reach this step)
 #   OUT_DIR/student_wide  students of model=wide (the default model at 1.5 times the width), trained on
 #                      OUT_DIR/corpus (data.train_dir; all of it: data.max_pairs=null) for STUDENT_EPOCHS epochs,
 #                      validated and tested on the corpus's own splits; one run per seed in WIDE_STUDENT_SEEDS
@@ -47,12 +47,21 @@ fi
 [[ ${backward_seeds[*]} == none ]] && backward_seeds=()
 
 parallel=${PARALLEL:-1}
+# On Ctrl-C every run saves and stops, and train_ensemble.sh waits for its runs; so does this script (the trap
+# keeps it alive for that), then stops.
+trap : INT TERM
 side_by_side() {  # side_by_side F G: the functions F and G, at once when PARALLEL > 1; fails if either does
+    # (F and G run one command each: errexit does not hold inside a function called before || or &&)
     if [[ $parallel -gt 1 ]]; then
         "$1" &
-        local first=$! failed=0
+        local first=$! failed=0 status=0
         "$2" || failed=1
-        wait "$first" || failed=1
+        wait "$first" || status=$?
+        while [[ $status -gt 128 ]] && kill -0 "$first" 2>/dev/null; do  # the wait was cut by a trapped signal
+            status=0
+            wait "$first" || status=$?
+        done
+        [[ $status -eq 0 ]] || failed=1
         return "$failed"
     fi
     "$1" && "$2"
@@ -110,9 +119,10 @@ wide_students() {
 students() {  # the other students; with MORE_MEMBERS, scored with those as one ensemble
     SEEDS="${STUDENT_SEEDS:-1234 1 2}" "$here/train_ensemble.sh" "$out/student" "${student[@]}"
 }
+wide_unscored() { TRAIN_ONLY=1 wide_students; }
 students_unscored() { TRAIN_ONLY=1 students; }
-if [[ $parallel -gt 1 ]]; then  # side by side first; the calls below then keep them and score the ensemble
-    side_by_side wide_students students_unscored
+if [[ $parallel -gt 1 ]]; then  # side by side first; the calls below then keep them and score the ensembles
+    side_by_side wide_unscored students_unscored
 fi
-wide_students
-MORE_MEMBERS="${wide_seeds[*]/#/$out/student_wide/seed_}" students
+TRAIN_ONLY=0 wide_students
+TRAIN_ONLY=0 MORE_MEMBERS="${wide_seeds[*]/#/$out/student_wide/seed_}" students

@@ -33,6 +33,10 @@ if [[ ${#seeds[@]} -lt 1 ]]; then
     echo "SEEDS names no seed" >&2
     exit 2
 fi
+if ((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] < 501)); then
+    echo "$0 needs bash 5.1 or newer (wait -n -p), this is $BASH_VERSION" >&2
+    exit 2
+fi
 read -r -a more_members <<<"${MORE_MEMBERS:-}"
 for run in ${more_members[@]+"${more_members[@]}"}; do  # checked before hours of training, not after
     if [[ ! -f $run/checkpoints/final.pt ]]; then
@@ -66,24 +70,38 @@ data_ready() {  # data_ready PID LOG: wait until the run PID logs its training d
     done
 }
 
+# Ctrl-C (or timeout's SIGINT) reaches the runs too, and each saves after its current step: this script starts no
+# further run and waits for them, so that nothing is cut while it saves. So does a failed run: the rest would fail alike.
 failed=0
+interrupted=0
+trap 'interrupted=1' INT TERM
 running=0
+wait_one() {  # wait until one run ends and record a failure; a trapped signal interrupts the wait, ending no run
+    local pid='' status=0
+    wait -n -p pid || status=$?
+    if [[ -n ${pid:-} ]]; then  # wait unsets it first
+        running=$((running - 1))
+        [[ $status -eq 0 ]] || failed=1
+    fi
+}
 for seed in "${seeds[@]}"; do
+    [[ $interrupted -eq 0 && $failed -eq 0 ]] || break
     member "$seed" "$@" &
     running=$((running + 1))
     if [[ $seed == "${seeds[0]}" && $parallel -gt 1 ]]; then
         data_ready $! "$out/seed_$seed/train.log"
     fi
-    if [[ $running -ge $parallel ]]; then
-        wait -n || failed=1
-        running=$((running - 1))
-    fi
+    while [[ $running -ge $parallel ]]; do
+        wait_one
+    done
 done
 while [[ $running -gt 0 ]]; do
-    wait -n || failed=1
-    running=$((running - 1))
+    wait_one
 done
-if [[ $failed -ne 0 ]]; then
+if [[ $interrupted -ne 0 ]]; then
+    echo "interrupted: run this script again, with the same overrides, to resume" >&2
+    exit 130
+elif [[ $failed -ne 0 ]]; then
     echo "run this script again, with the same overrides, to resume the failed training" >&2
     exit 1
 fi

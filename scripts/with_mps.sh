@@ -24,16 +24,19 @@ if [[ ${MPS:-1} == 0 ]]; then
     echo "MPS=0: without MPS, the CUDA processes take turns on the GPU"
 elif ! command -v nvidia-cuda-mps-control >/dev/null; then
     echo "no nvidia-cuda-mps-control on the PATH: without MPS, the CUDA processes take turns on the GPU" >&2
+elif ! CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d "${TMPDIR:-/tmp}/mps.XXXXXX"); then
+    unset CUDA_MPS_PIPE_DIRECTORY
+    echo "no folder for MPS's pipes: without MPS, the CUDA processes take turns on the GPU" >&2
 else
-    CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d "${TMPDIR:-/tmp}/mps.XXXXXX")
     export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY
+    trap stop_mps EXIT  # before the daemon starts: an interruption from here on stops it too
     if nvidia-cuda-mps-control -d && "$python" -c 'import torch; torch.ones(1, device="cuda").sum().item()'; then
-        trap stop_mps EXIT
         echo "MPS: on (pipe folder $CUDA_MPS_PIPE_DIRECTORY)"
     else
         echo "MPS did not start ($(tail -n 2 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null)):" \
             "without it, the CUDA processes take turns on the GPU" >&2
         stop_mps
+        trap - EXIT
     fi
 fi
 "$@"

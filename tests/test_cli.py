@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,19 @@ RUN = ["output_dir=/tmp/unused"]
 
 def test_config_path_is_the_repository_configs_folder() -> None:
     assert Path(cli.CONFIG_PATH) == CONFIG_DIR
+
+
+@pytest.mark.parametrize("inherited", [signal.SIG_IGN, signal.SIG_DFL])
+def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited) -> None:
+    # A script's background job inherits SIGINT ignored; the commands restore Python's KeyboardInterrupt. A command
+    # started with SIGINT's default (not Python's handler: here, a deliberate choice) keeps it.
+    before = signal.signal(signal.SIGINT, inherited)
+    try:
+        cli._setup()
+        expected = signal.default_int_handler if inherited is signal.SIG_IGN else inherited
+        assert signal.getsignal(signal.SIGINT) is expected
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_the_command_gets_the_typed_config_and_its_result_is_returned(compose_config) -> None:

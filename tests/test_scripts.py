@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,6 +61,32 @@ def test_train_ensemble_trains_every_seed_scores_the_ensemble_and_resumes(toy_co
     assert not (out / "ensemble_val" / "metrics.json").exists() and "BLEU" not in again.stdout
 
 
+@pytest.mark.slow
+def test_train_ensemble_interrupted_waits_for_its_runs_to_save(toy_corpus: Path, tmp_path: Path) -> None:
+    # Ctrl-C at a terminal reaches the script's whole process group: the runs save after their step, and the script
+    # waits for them (so that nothing is cut while they save) and starts no further run.
+    out = tmp_path / "ens"
+    command = ["bash", str(REPO / "scripts" / "train_ensemble.sh"), str(out), *RECIPE, f"data.dir={toy_corpus}",
+               "data.cache_dir=${data.dir}_cache", "training.max_steps=100000"]
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "SEEDS": "5 6 7", "PARALLEL": "2",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    script = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, start_new_session=True)
+    logs = [out / f"seed_{seed}" / "train.log" for seed in (5, 6)]
+    deadline = time.monotonic() + 300
+    while not all(log.is_file() and "training on" in log.read_text(encoding="utf-8") for log in logs):
+        assert script.poll() is None and time.monotonic() < deadline, script.communicate()
+        time.sleep(0.5)
+    os.killpg(script.pid, signal.SIGINT)
+    stdout, stderr = script.communicate(timeout=300)
+    assert script.returncode == 130, stdout + stderr
+    assert "interrupted: run this script again" in stderr
+    for seed in (5, 6):
+        assert load_checkpoint(out / f"seed_{seed}" / "checkpoints" / "last.pt")["reason"] == "interrupt"
+    assert not (out / "seed_7").exists()  # no run started after the interruption
+    assert subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1  # no run left behind
+
+
 def test_train_ensemble_stops_before_scoring_when_a_member_fails(toy_corpus: Path, tmp_path: Path) -> None:
     out = tmp_path / "ens"
     result = _train_ensemble(out, toy_corpus, "training.lr=-1", SEEDS="5 6")
@@ -86,18 +114,19 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
                                                                                      tmp_path: Path) -> None:
     out = tmp_path / "div"
     command = ["bash", str(REPO / "scripts" / "train_diversified.sh"), str(out), *RECIPE, f"data.dir={toy_corpus}",
-               "data.cache_dir=${data.dir}_cache"]
+               "data.cache_dir=${data.dir}_cache", "eval.batch_size=7"]
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "SEEDS": "5 6", "BACKWARD_SEEDS": "7 8",
-           "STUDENT_SEEDS": "1234", "WIDE_STUDENT_SEEDS": "9", "PARALLEL": "2",
+           "STUDENT_SEEDS": "1234", "WIDE_STUDENT_SEEDS": "9", "PARALLEL": "2", "SCORE_TEACHERS": "0",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     backward = load_checkpoint(out / "backward" / "seed_7" / "checkpoints" / "final.pt")["config"]["data"]
     assert (backward["src"], backward["tgt"]) == ("tgt", "src")
-    assert json.loads((out / "backward" / "ensemble_test" / "metrics.json").read_text())["test_set"] == "test.tgt-src"
+    assert not (out / "forward" / "ensemble_val").exists() and not (out / "backward" / "ensemble_test").exists()
     record = json.loads((out / "corpus" / "diversify.json").read_text(encoding="utf-8"))
     assert record["forward"] == [str(out / "forward" / f"seed_{seed}" / "checkpoints" / "final.pt") for seed in (5, 6)]
     assert (record["pairs"], record["written_pairs"]) == (400, 1200)
+    assert record["eval"]["batch_size"] == 7  # eval.batch_size reaches the translations
     student = load_checkpoint(out / "student" / "seed_1234" / "checkpoints" / "final.pt")["config"]
     assert student["data"]["train_dir"] == str(out / "corpus") and student["data"]["src"] == "src"
     assert "seed 1234: test (test" in first.stdout
@@ -107,12 +136,14 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     assert scored["ensemble"] == [str(out / "student_wide" / "seed_9" / "checkpoints" / "final.pt")]
     assert f"{out / 'student_wide' / 'seed_9'}: test (test" in first.stdout
 
-    # Run again one run at a time: everything is kept, and the ensemble of students scored once more.
+    # Run again one run at a time, scoring the teachers: everything is kept, the ensembles scored.
     env.pop("PARALLEL")
+    env.pop("SCORE_TEACHERS")
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert "diversified corpus: made earlier, kept" in again.stdout
     assert again.stdout.count("finished earlier, kept") == 6
+    assert json.loads((out / "backward" / "ensemble_test" / "metrics.json").read_text())["test_set"] == "test.tgt-src"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
@@ -130,3 +161,24 @@ def test_with_mps_runs_the_command_and_returns_its_status(tmp_path: Path) -> Non
     assert result.returncode == 7
     assert result.stdout.splitlines() == ["MPS=0: without MPS, the CUDA processes take turns on the GPU", "ran with args"]
     assert subprocess.run(["bash", str(REPO / "scripts" / "with_mps.sh")], capture_output=True).returncode == 2
+
+
+def test_with_mps_starts_a_private_daemon_and_stops_it_after_the_command(tmp_path: Path) -> None:
+    # A stand-in for nvidia-cuda-mps-control that logs how it was called; PYTHON=true passes the CUDA probe.
+    stub = tmp_path / "bin" / "nvidia-cuda-mps-control"
+    stub.parent.mkdir()
+    log = tmp_path / "calls.log"
+    stub.write_text(f'#!/usr/bin/env bash\necho "$* [$(cat -)] $CUDA_MPS_PIPE_DIRECTORY" >>{log}\n')
+    stub.chmod(0o755)
+    command = ["bash", str(REPO / "scripts" / "with_mps.sh"), "bash", "-c", 'echo "pipes: $CUDA_MPS_PIPE_DIRECTORY"; exit 7']
+    env = {**os.environ, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}", "PYTHON": "true",
+           "TMPDIR": str(tmp_path)}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env={**env, "MPS": "1"},
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 7, result.stderr
+    pipes = result.stdout.splitlines()[-1].removeprefix("pipes: ")
+    assert result.stdout.startswith(f"MPS: on (pipe folder {pipes})") and pipes.startswith(str(tmp_path / "mps."))
+    start, stop = log.read_text().splitlines()
+    assert start == f"-d [] {pipes}"  # the daemon started, with the command's pipe folder
+    assert stop == f" [quit] {pipes}"  # stopped when the command ended
+    assert not Path(pipes).exists()

@@ -7,6 +7,7 @@ The ``configs/`` folder next to the package is the config root (an editable inst
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -127,33 +128,45 @@ def _benchmark(cfg: DictConfig) -> None:
     _run(benchmark.run, cfg)
 
 
-def train_main() -> None:
+def _setup() -> None:
+    """Register the config schemas; make Ctrl-C stop a command that a script started in the background.
+
+    Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
+    process group, and the scripts wait for their runs to stop: so SIGINT raises KeyboardInterrupt here too, from
+    the start (training itself first finishes its step and saves: ``runtime.defer_sigint``).
+    """
     register_configs()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def train_main() -> None:
+    _setup()
     _train()
 
 
 def evaluate_main() -> None:
-    register_configs()
+    _setup()
     _evaluate()
 
 
 def translate_main() -> None:
-    register_configs()
+    _setup()
     _translate()
 
 
 def diversify_main() -> None:
-    register_configs()
+    _setup()
     _diversify()
 
 
 def prepare_data_main() -> None:
-    register_configs()
+    _setup()
     _prepare_data()
 
 
 def benchmark_main() -> None:
-    register_configs()
+    _setup()
     _benchmark()
 
 

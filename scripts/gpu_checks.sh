@@ -23,8 +23,8 @@
 #                                          # outputs/gpu_ensemble_DATA: call it again (the machine still warm) to
 #                                          # resume them and finish
 #
-# Needs MULTI30K_DIR (a copy of Multi30k that travelled with the tree) and hydra-core, omegaconf and
-# antlr4-python3-runtime importable (README: "GPU machines without hydra").
+# Needs MULTI30K_DIR (a copy of Multi30k that travelled with the tree) and hydra-core, omegaconf,
+# antlr4-python3-runtime and sacremoses importable (README, "Two commands": where a GPU machine lacks hydra).
 set -uo pipefail
 out="${OUT:-gpu_checks}"
 mkdir -p "$out"

@@ -68,13 +68,18 @@ side_by_side() {  # side_by_side F G: the functions F and G, at once when PARALL
 }
 
 # The direction the recipe trains, as OVERRIDES compose it: the backward teachers train the other one.
-direction=$("$python" "$here/train.py" "$@" --cfg job --package data | "$python" -c 'import sys, yaml
-data = yaml.safe_load(sys.stdin)
-print(data["src"], data["tgt"])') || {
-    echo "could not compose the recipe's language pair from the overrides: $*" >&2
-    exit 1
+# (checked before any training: a bad override stops the recipe here, with Hydra's message)
+data=$("$python" "$here/train.py" "$@" --cfg job --package data) || {
+    echo "the recipe's config does not compose from these overrides (Hydra's message above): $*" >&2
+    exit 2
 }
-read -r src tgt <<<"$direction"
+read -r src tgt < <("$python" -c 'import sys, yaml
+data = yaml.safe_load(sys.stdin)
+print(data["src"], data["tgt"])' <<<"$data")
+if [[ -z ${tgt:-} ]]; then
+    echo "no data.src and data.tgt in the composed config:" "$data" >&2
+    exit 2
+fi
 overrides=("$@")
 teachers_train_only=$([[ ${SCORE_TEACHERS:-1} == 0 ]] && echo 1 || echo 0)
 forward() {

@@ -109,6 +109,18 @@ def test_train_ensemble_refuses_an_unfinished_extra_member_before_training(tmp_p
     assert not (tmp_path / "ens").exists()
 
 
+def test_train_diversified_refuses_a_bad_override_before_training(tmp_path: Path) -> None:
+    out = tmp_path / "div"
+    result = subprocess.run(["bash", str(REPO / "scripts" / "train_diversified.sh"), str(out), "model.n_head=3"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 2
+    assert "Key 'n_head' not in 'ModelConfig'" in result.stderr  # Hydra's own message, then the script's
+    assert result.stderr.rstrip().endswith("does not compose from these overrides (Hydra's message above): "
+                                           "training.max_minutes=null model.n_head=3")
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_student(toy_corpus: Path,
                                                                                      tmp_path: Path) -> None:

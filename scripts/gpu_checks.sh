@@ -11,7 +11,8 @@
 #                                  # validating every other epoch, 4096- and 8192-position batches (lr raised)
 #   scripts/gpu_checks.sh best [DATA]  # issue 15's GPU recipe, scripts/train_best_gpu.sh, timed whole; stopped
 #                                      # after BEST_LIMIT seconds (default 560), the runs kept in
-#                                      # outputs/gpu_best_DATA: call it again (the machine still warm) to finish
+#                                      # outputs/gpu_best_DATA: call it again (the machine still warm) to finish;
+#                                      # SUITE_BESIDE=1: the whole suite beside it (4 workers, niced, outside MPS)
 #   scripts/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
 #   scripts/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
 #                                  # (training.cuda_graphs=false) against CUDA graphs (a GPU's default)
@@ -94,6 +95,9 @@ levers)
 best)
     data="${2:-multi30k_en_de}"
     runs="outputs/gpu_best_$data"  # outside $out: the next call resumes what this one leaves
+    if [[ ${SUITE_BESIDE:-0} == 1 ]]; then  # as in session 29: the whole suite on 4 niced workers, outside MPS
+        OMP_NUM_THREADS=1 nice -n 10 python -m pytest -q -n 4 -p no:cacheprovider >"$out/suite.log" 2>&1 &
+    fi
     step "best_$data" timeout -s INT -k 30 "${BEST_LIMIT:-560}" scripts/train_best_gpu.sh "$runs" "data=$data"
     grep -h "MPS\|the recipe took" "$out/best_$data.log"
     for log in "$runs"/*/seed_*/train.log; do
@@ -101,6 +105,11 @@ best)
         grep -h " test (" "$log" | tail -n 1
     done
     cp -r "$runs"/student/ensemble_* "$out/" 2>/dev/null
+    if [[ ${SUITE_BESIDE:-0} == 1 ]]; then
+        wait
+        echo "suite: $(tail -n 1 "$out/suite.log")"
+        grep -h "^FAILED\|^ERROR" "$out/suite.log" | head -n 20
+    fi
     tar czf "$out/best_runs.tgz" --exclude='*.pt' --exclude='*.gz' -C outputs "gpu_best_$data"
     ;;
 tests)

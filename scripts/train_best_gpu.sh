@@ -32,5 +32,14 @@ fi
 started=$SECONDS
 PARALLEL=${PARALLEL:-3} SCORE_TEACHERS=${SCORE_TEACHERS:-0} "$here/with_mps.sh" "$here/train_diversified.sh" "$out" \
     training.validate_every_steps=1082 eval.batch_size=2048 "$@"
-echo "the recipe took $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s; its ensemble's scores:" \
-    "$out/student/ensemble_test/metrics.json"
+echo "the recipe took $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
+"$python" - "$out/student/ensemble_test/metrics.json" <<'EOF'
+import json
+import sys
+
+scored = json.load(open(sys.argv[1], encoding="utf-8"))
+print(f"its ensemble on {scored['test_set']}: BLEU {scored['bleu']:.2f}, chrF {scored['chrf']:.2f}, tokenized BLEU "
+      f"{scored.get('tokenized_bleu', float('nan')):.2f} ({sys.argv[1]})")
+print(f"translate with it: transformer-translate checkpoint={scored['checkpoint']} "
+      f"'ensemble=[{','.join(scored['ensemble'])}]' < input.txt > output.txt")
+EOF

@@ -70,8 +70,11 @@ def test_train_ensemble_interrupted_waits_for_its_runs_to_save(toy_corpus: Path,
                "data.cache_dir=${data.dir}_cache", "training.max_steps=100000"]
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "SEEDS": "5 6 7", "PARALLEL": "2",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    # As from a terminal: SIGINT not ignored, whatever this test's own process inherited (a background job's
+    # ignores it, and bash cannot trap a signal ignored on entry).
     script = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env, start_new_session=True)
+                              env=env, start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     logs = [out / f"seed_{seed}" / "train.log" for seed in (5, 6)]
     deadline = time.monotonic() + 300
     while not all(log.is_file() and "training on" in log.read_text(encoding="utf-8") for log in logs):

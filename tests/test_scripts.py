@@ -112,6 +112,12 @@ def test_train_ensemble_refuses_an_unfinished_extra_member_before_training(tmp_p
     assert not (tmp_path / "ens").exists()
 
 
+def _log_span(log: Path) -> tuple[str, str]:
+    """A run's log's first and last time stamps ('2026-11-26 05:06:30,017': they sort as times)."""
+    stamps = [line[1:24] for line in log.read_text(encoding="utf-8").splitlines() if line.startswith("[20")]
+    return stamps[0], stamps[-1]
+
+
 def test_train_diversified_refuses_a_bad_override_before_training(tmp_path: Path) -> None:
     out = tmp_path / "div"
     result = subprocess.run(["bash", str(REPO / "scripts" / "train_diversified.sh"), str(out), "model.n_head=3"],
@@ -137,6 +143,10 @@ def test_train_diversified_trains_both_ways_extends_the_corpus_and_trains_the_st
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     backward = load_checkpoint(out / "backward" / "seed_7" / "checkpoints" / "final.pt")["config"]["data"]
     assert (backward["src"], backward["tgt"]) == ("tgt", "src")
+    # PARALLEL > 1: the two directions' teachers trained side by side (each log's first and last time stamps)
+    forward_span, backward_span = (_log_span(out / side / f"seed_{seed}" / "train.log")
+                                   for side, seed in (("forward", 5), ("backward", 7)))
+    assert backward_span[0] < forward_span[1] and forward_span[0] < backward_span[1]
     assert not (out / "forward" / "ensemble_val").exists() and not (out / "backward" / "ensemble_test").exists()
     record = json.loads((out / "corpus" / "diversify.json").read_text(encoding="utf-8"))
     assert record["forward"] == [str(out / "forward" / f"seed_{seed}" / "checkpoints" / "final.pt") for seed in (5, 6)]

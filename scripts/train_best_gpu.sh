@@ -8,12 +8,12 @@
 #
 #   MULTI30K_DIR=../shared/data/multi30k scripts/train_best_gpu.sh OUT_DIR [OVERRIDES...]   # e.g. data=multi30k_de_en
 #
-# Measured with these settings (docs/RESULTS.md, "Nine minutes on one H100"; this script itself has not yet run on a
-# GPU): 9.0 minutes on one H100, test_2016_flickr en-de 41.72 sacreBLEU / 42.17 tokenized; the result is
-# OUT_DIR/student/ensemble_test. Run it again after a crash: what
-# finished is kept, the rest resumed. MPS: started for this script's runs alone by scripts/with_mps.sh, where it can
-# be; MPS=0 starts none (the runs then take turns on the GPU: about twice as long, not measured). Environment and
-# OVERRIDES otherwise as for scripts/train_diversified.sh.
+# Measured on one H100 (docs/RESULTS.md, "Nine minutes on one H100" and the section after it): 9.0 minutes in each
+# direction, test_2016_flickr en-de 41.72 sacreBLEU / 42.17 tokenized, de-en 44.31 / 44.61; the result is
+# OUT_DIR/student/ensemble_test. Run it again after a crash: what finished is kept, the rest resumed. MPS: started
+# for this script's runs alone by scripts/with_mps.sh, where it can be; MPS=0 starts none (the runs then take turns
+# on the GPU: about the sum of their times alone, not measured). Environment and OVERRIDES otherwise as for
+# scripts/train_diversified.sh.
 set -euo pipefail
 if [[ $# -lt 1 ]]; then
     echo "usage: $0 OUT_DIR [OVERRIDES...]   (environment: see the header of $0)" >&2

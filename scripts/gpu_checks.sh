@@ -17,6 +17,9 @@
 #   scripts/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
 #                                  # (training.cuda_graphs=false) against CUDA graphs (a GPU's default)
 #   scripts/gpu_checks.sh job      # the README's default job with CUDA graphs, timed whole; decoding its model
+#   scripts/gpu_checks.sh decode   # issue 11's decoding target: the default job (3 minutes at most), then greedy and
+#                                  # beam 5 on the whole test set, cache on and off, 200 / 512 / 1,000 sentences a
+#                                  # batch, timed on a second pass; one profile of each search
 #   scripts/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a device call: 10)
 #   scripts/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
@@ -130,6 +133,16 @@ job)
     step default_job python scripts/train.py training.cuda_graphs=true "hydra.run.dir=$out/default_job"
     bench decoding "checkpoint=$out/default_job/checkpoints/final.pt" train_steps=5  # beam 5, cache on and off
     ;;
+decode)
+    runs=/tmp/gpu_decode
+    step default_job timeout 240 python scripts/train.py training.max_minutes=3 "hydra.run.dir=$runs/default_job"
+    grep -h "training stopped\|test " "$runs/default_job/train.log" | tail -n 2
+    for batch in 200 512 1000; do
+        profile=$([[ $batch == 512 ]] && echo 5 || echo 0)  # profile_steps > 0 also profiles the decoding
+        bench "decode_$batch" "checkpoint=$runs/default_job/checkpoints/final.pt" train_steps=5 eval.beam_size=5 \
+            "eval.batch_size=$batch" "profile_steps=$profile"
+    done
+    ;;
 quality)
     data="${2:-multi30k_en_de}"
     step "quality_$data" python scripts/train.py experiment=multi30k_gpu "data=$data" training.max_minutes=8.5 \
@@ -148,7 +161,7 @@ ensemble)
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 lease|lease_more|levers|best|tests|speed|job|quality|ensemble [DATA]" >&2
+    echo "usage: $0 lease|lease_more|levers|best|tests|speed|job|decode|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

@@ -27,6 +27,20 @@ def test_reports_when_it_first_binds_and_when_it_moved_more_than_one_percent():
     assert reported == [False, True, False, False, True, True, False]
 
 
+def test_reproject_takes_the_projection_and_logs_only_the_lines_worth_reporting(caplog):
+    limit = TimeLimit(minutes=10.0)  # 600 s; after 60 s at 100 steps a minute, 540 s are left: 900 more steps
+    with caplog.at_level("INFO", logger="transformer.time_limit"):
+        limit.reproject(step=100, steps_per_second=100 / 60, train_seconds=60.0, planned_steps=2000, is_main=True)
+        assert limit.step == 1000
+        limit.reproject(step=200, steps_per_second=95 / 60, train_seconds=120.0, planned_steps=2000, is_main=True)
+        assert limit.step == 200 + 760  # moved by 40 steps, 2 % of the plan: a second line
+        limit.reproject(step=300, steps_per_second=94.5 / 60, train_seconds=180.0, planned_steps=2000, is_main=True)
+        assert limit.step == 300 + 661  # 1 step from the last line: none
+    assert [r.getMessage() for r in caplog.records] == [
+        f"time limit: at {rate} steps per minute, training.max_minutes=10 runs out at step {step}, before step 2000 "
+        f"(max_epochs / max_steps): the schedule ends and training stops there" for rate, step in [(100, 1000), (95, 960)]]
+
+
 def test_a_checkpoint_keeps_its_projection_under_the_same_limit_and_projects_another_from_the_run_pace():
     saved = TimeLimit(minutes=10.0)
     saved.step = 700

@@ -52,6 +52,13 @@ def learning_rate(
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {[s.value for s in Schedule]}")
 
 
+def scheduled_rate(cfg: TrainingConfig, step: int, schedule_steps: int) -> float:
+    """:func:`learning_rate` of step ``step`` under ``cfg``'s schedule, a decaying one reaching ``min_lr`` at
+    ``schedule_steps``."""
+    return learning_rate(step, schedule=cfg.schedule, lr=cfg.lr, warmup_steps=cfg.warmup_steps,
+                         max_steps=schedule_steps, min_lr=cfg.min_lr)
+
+
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Split trainable parameters into a decayed group and a non-decayed group.
 

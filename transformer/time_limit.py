@@ -10,8 +10,13 @@ run so far, as its checkpoint records it.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
+
+from transformer import distributed
+
+log = logging.getLogger(__name__)
 
 
 def projected_step(step: int, steps_per_second: float, seconds_left: float) -> int:
@@ -32,6 +37,25 @@ class TimeLimit:
         ``steps_per_second`` (call it only with a limit)."""
         assert self.minutes is not None, "no time limit to project"
         return projected_step(step, steps_per_second, self.minutes * 60.0 - train_seconds)
+
+    def reproject(self, step: int, steps_per_second: float, train_seconds: float, planned_steps: int,
+                  is_main: bool) -> None:
+        """Project anew for a run at ``step`` going on at ``steps_per_second``, and log the projection when it is
+        worth a line. Collective under DDP: rank 0's projection is broadcast, so every rank trains the same
+        schedule."""
+        projected = self.project(step, steps_per_second, train_seconds) if is_main else None
+        self.step = distributed.broadcast_object(projected)
+        if is_main and self.worth_reporting(planned_steps):
+            log.info("time limit: at %.0f steps per minute, training.max_minutes=%g runs out at step %d, before "
+                     "step %d (max_epochs / max_steps): the schedule ends and training stops there",
+                     60.0 * steps_per_second, self.minutes, self.step, planned_steps)
+
+    def warn_cut(self, step: int, schedule_end: int, lr: float) -> None:
+        """The limit ran out at ``step``, before ``schedule_end`` where the schedule was projected to end: training
+        stops at ``lr``, above the schedule's floor."""
+        log.warning("training.max_minutes=%g ran out at step %d, before step %d where the pace so far had projected "
+                    "it (the machine slowed down, or a validation took the rest): training stops with the learning "
+                    "rate at %.3g, above its floor", self.minutes, step, schedule_end, lr)
 
     def out_of_time(self, train_seconds: float) -> bool:
         return self.minutes is not None and train_seconds >= self.minutes * 60.0

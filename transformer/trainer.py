@@ -55,7 +55,7 @@ from transformer.config import Schedule, TrainingConfig
 from transformer.distributed import DistContext
 from transformer.early_stopping import EarlyStopping
 from transformer.metrics import perplexity
-from transformer.optim import learning_rate, set_learning_rate
+from transformer.optim import scheduled_rate, set_learning_rate
 from transformer.resume import check_process_count
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
 from transformer.step_window import Reading, StepWindow
@@ -229,12 +229,11 @@ class Trainer:
         learning rate."""
         if self.cfg.schedule is not Schedule.cosine or saved_steps is None or saved_steps == self.schedule_steps:
             return
-        rates = [learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
-                               warmup_steps=self.cfg.warmup_steps, max_steps=steps, min_lr=self.cfg.min_lr)
-                 for steps in (saved_steps, self.schedule_steps)]
+        step = self.step + 1
         log.warning("the cosine schedule now reaches its floor at step %d, not %d as when the checkpoint was written "
                     "(training.max_epochs / max_steps / max_minutes changed): step %d's learning rate goes from %.3g to "
-                    "%.3g", self.schedule_steps, saved_steps, self.step + 1, *rates)
+                    "%.3g", self.schedule_steps, saved_steps, step, scheduled_rate(self.cfg, step, saved_steps),
+                    scheduled_rate(self.cfg, step, self.schedule_steps))
 
     def save_now(self, reason: str, *, is_best: bool = False) -> None:
         """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
@@ -307,7 +306,7 @@ class Trainer:
         cfg = self.cfg
         if self.early_stopping.exhausted:
             return "early_stopping"  # a resumed run that had already stopped early
-        if cfg.max_minutes is not None and self._seconds_before >= cfg.max_minutes * 60.0:
+        if self._time_limit.out_of_time(self._seconds_before):
             if self.dist.is_main and self.step < self.planned_steps:  # stopped by the time, not by its plan
                 log.warning("this run has trained %.1f minutes already, training.max_minutes=%g: nothing more to "
                             "train (a larger training.max_minutes, or null, continues it)",
@@ -385,8 +384,8 @@ class Trainer:
         last = self._step_limit_reached()  # after a new projection: it may end training at this very step
         if last is None and reading.late:
             last = "max_minutes"
-        if last == "max_minutes" and self.step < schedule_end:
-            self._warn_cut_by_time(schedule_end)
+        if last == "max_minutes" and self.step < schedule_end and self.dist.is_main:
+            self._time_limit.warn_cut(self.step, schedule_end, float(self.optimizer.param_groups[0]["lr"]))
         if not validate and (save or reading.save_due) and last is None:  # at the last step the final validation saves
             self.save_now("scheduled")
         return last
@@ -402,9 +401,7 @@ class Trainer:
     def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
         """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``
         calls it, so does the benchmark); returns ``TrainStep``'s device statistics and token count."""
-        lr = learning_rate(self.step + 1, schedule=self.cfg.schedule, lr=self.cfg.lr,
-                           warmup_steps=self.cfg.warmup_steps, max_steps=self.schedule_steps, min_lr=self.cfg.min_lr)
-        set_learning_rate(self.optimizer, lr)
+        set_learning_rate(self.optimizer, scheduled_rate(self.cfg, self.step + 1, self.schedule_steps))
         self._in_step = True  # stays set if the step raises: fit then saves nothing half-updated
         stats = self._step(batches)
         self._in_step = False
@@ -472,23 +469,8 @@ class Trainer:
         steps = self.step - self._first_step
         if self.cfg.max_minutes is None or steps == 0:  # the same on every rank: all or none broadcast
             return
-        pace = steps / max(time.monotonic() - self._started, 1e-9)  # steps per second
-        projected = self._time_limit.project(self.step, pace, self.train_seconds) if self.dist.is_main else None
-        self._time_limit.step = distributed.broadcast_object(projected)
-        planned = self.planned_steps
-        if self.dist.is_main and self._time_limit.worth_reporting(planned):
-            log.info("time limit: at %.0f steps per minute, training.max_minutes=%g runs out at step %d, before "
-                     "step %d (max_epochs / max_steps): the schedule ends and training stops there",
-                     60.0 * pace, self.cfg.max_minutes, self._time_limit.step, planned)
-
-    def _warn_cut_by_time(self, schedule_end: int) -> None:
-        """The limit ran out before ``schedule_end``, where the schedule was projected to end: training stops above
-        the schedule's floor."""
-        if self.dist.is_main:
-            log.warning("training.max_minutes=%g ran out at step %d, before step %d where the pace so far had "
-                        "projected it (the machine slowed down, or a validation took the rest): training stops with "
-                        "the learning rate at %.3g, above its floor", self.cfg.max_minutes, self.step, schedule_end,
-                        float(self.optimizer.param_groups[0]["lr"]))
+        pace = steps / max(time.monotonic() - self._started, 1e-9)  # steps per second, validations included
+        self._time_limit.reproject(self.step, pace, self.train_seconds, self.planned_steps, self.dist.is_main)
 
     def request_interrupt(self) -> None:
         """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""

@@ -72,6 +72,27 @@ def test_user_errors_raised_by_the_command_exit_with_status_1(compose_config, ca
     assert exit_info.value.code == 1 and caplog.records[-1].getMessage() == str(error)
 
 
+def test_an_interpolation_that_does_not_resolve_is_one_line(compose_config, caplog) -> None:
+    def command(cfg: TrainConfig) -> None:
+        raise AssertionError("must not run with an unresolved config")
+
+    with caplog.at_level(logging.ERROR, logger="transformer.cli"), pytest.raises(SystemExit) as exit_info:
+        cli._run(command, compose_config("train", ["training.lr=${oops}", *RUN]))
+    assert exit_info.value.code == 1
+    assert "oops" in caplog.records[-1].getMessage() and "training.lr" in caplog.records[-1].getMessage()
+
+
+def test_an_interrupted_command_ends_in_one_line_and_exit_status_130(compose_config, caplog) -> None:
+    def command(cfg: TrainConfig) -> None:
+        raise KeyboardInterrupt("interrupted at step 7; saved run/checkpoints/last.pt (resume=run continues it)")
+
+    with caplog.at_level(logging.ERROR, logger="transformer.cli"), pytest.raises(SystemExit) as exit_info:
+        cli._run(command, compose_config("train", RUN))
+    assert exit_info.value.code == 130
+    assert caplog.records[-1].getMessage() == ("interrupted at step 7; saved run/checkpoints/last.pt (resume=run "
+                                               "continues it)")
+
+
 def test_other_errors_keep_their_traceback(compose_config) -> None:
     def command(cfg: TrainConfig) -> None:
         raise RuntimeError("a bug")

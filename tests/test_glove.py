@@ -119,7 +119,10 @@ def test_dimension_mismatch_names_file_line_and_numbers(tmp_path: Path) -> None:
     ("bad_line", "message"),
     [("cat 7 8", "expected a word and 3 numbers, found 2 values"),
      ("cat 7 8 9 10", "expected a word and 3 numbers, found 4 values"),
-     ("cat 7 x 9", "malformed number")],
+     ("cat 7 x 9", "malformed number"),
+     ("cat 7 nan 9", "the vector of 'cat' holds a number that is not a finite float32"),
+     ("cat 7 -inf 9", "the vector of 'cat' holds a number that is not a finite float32"),
+     ("cat 7 1e39 9", "the vector of 'cat' holds a number that is not a finite float32")],  # inf as a float32
 )
 def test_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, message: str) -> None:
     path = tmp_path / "bad.txt"

@@ -182,6 +182,34 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}")))
     with pytest.raises(ConfigError, match=r"^output: the directory .*nowhere does not exist"):
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / 'nowhere' / 'o'}")))
+    source.write_text("a b\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^output: .*in\.txt is the input file"):  # the same file, named otherwise
+        pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / '.' / 'in.txt'}")))
+    assert source.read_text(encoding="utf-8") == "a b\n"
+
+
+def test_average_writes_only_a_new_file_from_checkpoints_of_one_language_pair(trained_run, tmp_path):
+    run = RunDir(trained_run[0])
+    steps = sorted(run.checkpoints.glob("step_*.pt"), key=lambda path: int(path.stem.removeprefix("step_")))
+    a, b = (str(path) for path in steps[-2:])
+    before = Path(a).read_bytes()
+    with pytest.raises(ConfigError, match=r"step_\d+\.pt exists; the first argument names the new file"):
+        pipeline.average([b, str(run.checkpoints / "final.pt")], a)  # OUT forgotten: the first input as output
+    assert Path(a).read_bytes() == before
+
+    pipeline.average([a, b], str(tmp_path / "avg.pt"))
+    averaged = load_trained(tmp_path / "avg.pt", torch.device("cpu")).model.state_dict()
+    members = [load_trained(path, torch.device("cpu")).model.state_dict() for path in (a, b)]
+    for key, value in averaged.items():
+        torch.testing.assert_close(value, (members[0][key] + members[1][key]) / 2)
+
+    other = torch.load(b, weights_only=True)
+    other["config"]["data"]["src"], other["config"]["data"]["tgt"] = "de", "en"  # as a de->en run's checkpoint
+    torch.save(other, tmp_path / "de_en.pt")
+    with pytest.raises(ConfigError, match=r"de_en\.pt \(de->en\) was not trained with the language pair and "
+                                          r"tokenizers of .* averaged checkpoints must share both"):
+        pipeline.average([a, str(tmp_path / "de_en.pt")], str(tmp_path / "mixed.pt"))
+    assert not (tmp_path / "mixed.pt").exists()
 
 
 def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(compose_config, toy_corpus, tmp_path):

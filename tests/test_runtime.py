@@ -81,6 +81,16 @@ def test_defer_sigint_calls_back_once_then_interrupts():
     assert signal.getsignal(signal.SIGINT) is before
 
 
+def test_defer_sigint_turns_the_first_sigterm_into_the_same_call_back():
+    before = signal.getsignal(signal.SIGTERM)
+    calls = []
+    with defer_sigint(lambda: calls.append("first")):
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert calls == ["first"]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # a second one terminates (not sent here)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_padding_and_graph_defaults_per_device_and_explicit_values_win():
     cpu = resolve_training(TrainingConfig(), torch.device("cpu"))
     gpu = resolve_training(TrainingConfig(), torch.device("cuda"))

@@ -26,6 +26,7 @@ CONFIG_PATH = str(Path(__file__).resolve().parents[1] / "configs")
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Failures that deserve a clear message rather than a traceback."""
     from hydra.errors import HydraException  # e.g. composing a resumed run's recipe that no longer composes
+    from omegaconf.errors import OmegaConfBaseException  # e.g. an interpolation ${...} that does not resolve
 
     from transformer.checkpoint import CheckpointError
     from transformer.config import ConfigError
@@ -35,7 +36,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from transformer.step_window import TrainingDiverged
 
     return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError,
-            HydraException)
+            HydraException, OmegaConfBaseException)
 
 
 def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) -> Any:
@@ -45,6 +46,9 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) 
     except _user_errors() as error:
         log.error("%s", error)  # to the console and, for runs with a directory, to its log file
         sys.exit(1)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
+        log.error("%s", interrupt or "interrupted")
+        sys.exit(130)
 
 
 def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:

@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # annotations only
 log = logging.getLogger(__name__)
 
 
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 class GloveError(ValueError):
     """A vector file is missing, malformed or of the wrong dimension; the message names file and line."""
 
@@ -153,9 +156,13 @@ def _parse_values(name: str, line_no: int, parts: list[str], dim: int) -> tuple[
             continue
         raise GloveError(f"{name}:{line_no}: expected a word and {dim} numbers, found {len(parts) - 1} values")
     try:
-        return " ".join(head), [float(v) for v in tail]
+        values = [float(v) for v in tail]
     except ValueError as error:
         raise GloveError(f"{name}:{line_no}: malformed number ({error})") from error
+    if not all(abs(v) <= _FLOAT32_MAX for v in values):  # also false for nan
+        raise GloveError(f"{name}:{line_no}: the vector of {' '.join(head)!r} holds a number that is not a finite "
+                         "float32 (nan, inf or beyond ±3.4e38)")
+    return " ".join(head), values
 
 
 def read_vectors(path: str | Path, expected_dim: int | None = None, words: Collection[str] | None = None) -> Vectors:

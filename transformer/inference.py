@@ -63,22 +63,29 @@ def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
     return TrainedModel(model, src_tok, tgt_tok, config, Path(path))
 
 
-def load_ensemble(paths: Sequence[str | Path], device: torch.device) -> TrainedModel:
-    """The models of several checkpoint files as one :class:`~transformer.ensemble.Ensemble`; they must share the
-    first one's language pair and tokenizers (raises ``ConfigError`` naming the one that does not)."""
-    members = [load_trained(path, device) for path in paths]
-    first = members[0]
-
+def check_same_vocabularies(members: Sequence[TrainedModel], what: str, key: str | None = None) -> None:
+    """Raise ``ConfigError`` naming the first of ``members`` not trained with the first one's language pair and
+    tokenizers (``what`` the members are and the config ``key`` that gave them, for the message)."""
     def identity(member: TrainedModel) -> tuple[str, str, str, str]:
         data = member.config.data
         return data.src, data.tgt, tokenizer_digest(member.src_tok), tokenizer_digest(member.tgt_tok)
 
+    first = members[0]
     for other in members[1:]:
         if identity(other) != identity(first):
+            where = "" if key is None else f"{key}: "
             raise ConfigError(
-                f"ensemble: {other.path} ({other.config.data.src}->{other.config.data.tgt}) was not trained with the "
+                f"{where}{other.path} ({other.config.data.src}->{other.config.data.tgt}) was not trained with the "
                 f"language pair and tokenizers of {first.path} ({first.config.data.src}->{first.config.data.tgt}); "
-                "an ensemble's models must share both (train them with the same data settings)")
+                f"{what} must share both (train them with the same data settings)")
+
+
+def load_ensemble(paths: Sequence[str | Path], device: torch.device) -> TrainedModel:
+    """The models of several checkpoint files as one :class:`~transformer.ensemble.Ensemble`; they must share the
+    first one's language pair and tokenizers (raises ``ConfigError`` naming the one that does not)."""
+    members = [load_trained(path, device) for path in paths]
+    check_same_vocabularies(members, "an ensemble's models", key="ensemble")
+    first = members[0]
     return TrainedModel(Ensemble([member.model for member in members]).eval(), first.src_tok, first.tgt_tok,
                         first.config, first.path, tuple(member.path for member in members[1:]))
 

@@ -27,7 +27,8 @@ from transformer.config import ConfigError, ModelConfig, flatten, from_plain_dic
 from transformer.corpus_files import corpus_paths, load_split
 from transformer.data import TranslationDataset, read_parallel
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
-from transformer.inference import TrainedModel, format_scores, load_model, score_texts
+from transformer.inference import (TrainedModel, check_same_vocabularies, format_scores, load_model, load_trained,
+                                   score_texts)
 from transformer.inference import translate as translate_texts
 from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
@@ -331,7 +332,7 @@ def translate(cfg: TranslateConfig) -> None:
     """Translate lines from a file or stdin; one output line per input line (n-best joined by tabs)."""
     device = choose_device(cfg.device)
     if cfg.output is not None:
-        _check_output_file(cfg.output)  # before the work, not after it
+        _check_output_file(cfg.output, cfg.input)  # before the work, not after it
     trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
     lines = _read_input(cfg.input)
     nbest = translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
@@ -341,11 +342,16 @@ def translate(cfg: TranslateConfig) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        Path(cfg.output).write_text(text, encoding="utf-8")
+        partial = Path(cfg.output + ".tmp")  # a crash while writing leaves any earlier file as it was
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(cfg.output)
 
 
-def _check_output_file(path: str) -> None:
+def _check_output_file(path: str, input_path: str | None) -> None:
     target = Path(path)
+    if input_path is not None and target.resolve() == Path(input_path).resolve():
+        raise ConfigError(f"output: {path} is the input file; the translations would replace the sentences, so "
+                          "choose another file")
     if target.is_dir():
         raise ConfigError(f"output: {path} is a directory; give a file name")
     if not target.parent.is_dir():
@@ -376,7 +382,13 @@ def _read_input(path: str | None) -> list[str]:
 
 
 def average(paths: list[str], out: str) -> None:
-    """Average the model weights of several checkpoints of one run into a new checkpoint."""
+    """Average the model weights of several checkpoints of one run into a new checkpoint file ``out``; refuses to
+    overwrite a file (the first argument is the output, so a forgotten one would replace an input) and checkpoints
+    of another language pair or other tokenizers."""
+    if Path(out).exists():
+        raise ConfigError(f"{out} exists; the first argument names the new file the average is written to "
+                          "(transformer-average OUT.pt IN1.pt IN2.pt ...), so choose a new name")
+    check_same_vocabularies([load_trained(path, torch.device("cpu")) for path in paths], "averaged checkpoints")
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")
     ckpt.save_model(ckpt.average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")

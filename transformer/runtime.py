@@ -168,23 +168,28 @@ def set_deterministic(flag: bool) -> None:
 
 @contextlib.contextmanager
 def defer_sigint(on_interrupt: Callable[[], None]) -> Iterator[None]:
-    """Turn the first Ctrl-C (SIGINT) into a call of ``on_interrupt``; a second one raises KeyboardInterrupt.
+    """Turn the first Ctrl-C (SIGINT) or SIGTERM into a call of ``on_interrupt``; a second one stops at once
+    (SIGINT raises KeyboardInterrupt, SIGTERM terminates as by default).
 
-    Lets a training loop finish its step and save before stopping. This holds where SIGINT was ignored too (a
-    job started in the background by a script): ``kill -INT`` then stops a run cleanly. Outside the main thread
-    (where signal handlers cannot be installed) this does nothing.
+    Lets a training loop finish its step and save before stopping: SIGTERM is what ``kill``, ``timeout``, Docker,
+    SLURM and systemd send. This holds where SIGINT was ignored too (a job started in the background by a script):
+    ``kill -INT`` then stops a run cleanly. Outside the main thread (where signal handlers cannot be installed) this
+    does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one raises KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one stops at once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         on_interrupt()
 
-    signal.signal(signal.SIGINT, handler)
+    for signum in previous:
+        signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, action in previous.items():
+            signal.signal(signum, action)

@@ -27,8 +27,8 @@ depend on the machine's speed, so two such runs differ.
 Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
 position) without validating, so a crash loses at most that interval.
 
-Ctrl-C: the first SIGINT lets the steps up to the next check finish (one step on a CPU), writes ``last.pt``
-and raises KeyboardInterrupt; a second one aborts at once without saving.
+Ctrl-C: the first SIGINT (or SIGTERM) lets the steps up to the next check finish (one step on a CPU), writes
+``last.pt`` and raises KeyboardInterrupt; a second one aborts at once without saving.
 
 DDP: validation runs on rank 0 only while the other ranks wait for its metrics (``broadcast_object``), so
 every rank takes the same early-stopping decision; only rank 0 logs and writes files.
@@ -373,7 +373,9 @@ class Trainer:
         reading = self._check(window, bar)
         if reading.interrupt:
             self.save_now("interrupt")
-            raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {self.checkpoints.last_path}")
+            last = self.checkpoints.last_path  # <run>/checkpoints/last.pt
+            raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {last} (resume={last.parent.parent} "
+                                    "continues it)")
         if validate:
             started = time.perf_counter()
             if self._validate_and_save():
@@ -479,4 +481,5 @@ class Trainer:
     def _on_sigint(self) -> None:
         self.request_interrupt()
         if self.dist.is_main:
-            log.warning("interrupt: finishing this step and saving last.pt (Ctrl-C again aborts without saving)")
+            log.warning("interrupt: finishing this step and saving last.pt (a second interrupt aborts without "
+                        "saving)")

@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer import pipeline
-from transformer.checkpoint import CheckpointError, RunDir
+from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
 from transformer.curves import Curve, plot_curves, read_curve
 from transformer.config import ConfigError
 from transformer.data import DataError, read_parallel
@@ -307,6 +307,27 @@ def test_resume_continues_in_its_run_directory_and_refuses_other_batches(compose
     assert any("resuming the run in" in line for line in log_lines) and any("test (" in line for line in log_lines)
 
 
+def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_an_epochs_end(compose_config,
+                                                                                            toy_corpus, tmp_path,
+                                                                                            caplog):
+    _train(compose_config, toy_corpus, tmp_path / "mid", "training.max_steps=3")  # stops inside epoch 1
+    _train(compose_config, toy_corpus, tmp_path / "end", "training.max_epochs=1")
+    for side in ("src", "tgt"):  # 20 more pairs
+        with open(toy_corpus / f"train.{side}", "a", encoding="utf-8") as lines:
+            lines.write("a b c\n" * 20)
+    mid = load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")
+    with pytest.raises(CheckpointError, match=r"resume: the training split \(train\.src / train\.tgt\) now has 420 "
+                                              r"pairs, the checkpoint was written in the middle of epoch 1 of 400"):
+        _train(compose_config, toy_corpus, tmp_path / "x", "training.max_steps=6", f"resume={tmp_path / 'mid'}")
+    assert load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")["step"] == mid["step"]  # nothing changed
+    with caplog.at_level("WARNING"):
+        resumed = _train(compose_config, toy_corpus, tmp_path / "x", "training.max_epochs=2",
+                         f"resume={tmp_path / 'end'}")
+    assert resumed["train"]["epochs"] == 2
+    assert any("now has 420 pairs, the run trained on 400: the batches from here on are not those of the "
+               "uninterrupted run" in record.getMessage() for record in caplog.records)
+
+
 def test_resuming_an_earlier_checkpoint_retrains_the_same_steps(compose_config, toy_corpus, tmp_path):
     """Back to step 4 of a finished 8-step run: the later checkpoints move aside and the same 4 steps come again."""
     steps = ["training.max_steps=8", "training.validate_every_steps=4", "training.average_last=0"]
@@ -324,6 +345,23 @@ def test_resuming_an_earlier_checkpoint_retrains_the_same_steps(compose_config, 
                   f"resume={run.checkpoints / 'step_4.pt'}")  # nothing left to train: final weights and test only
     assert at_4["train"]["steps"] == 4 and "test_bleu" in at_4
     assert torch.load(run.last, weights_only=True)["step"] == 4 and (run.checkpoints / "abandoned_after_step_4.2").is_dir()
+
+
+
+def test_a_torn_last_checkpoint_names_the_way_back_and_is_set_aside_by_resuming_an_earlier_one(compose_config,
+                                                                                             toy_corpus, tmp_path):
+    steps = ["training.max_steps=8", "training.validate_every_steps=4", "training.average_last=0"]
+    _train(compose_config, toy_corpus, tmp_path / "run", *steps)
+    run = RunDir(tmp_path / "run")
+    torn = run.last.read_bytes()[:1000]
+    run.last.unlink()  # last.pt is a hard link to step_8.pt: tear a copy of its own, as a crash mid-write would
+    run.last.write_bytes(torn)
+    with pytest.raises(CheckpointError, match=r"last\.pt: not a readable checkpoint .*; resume=.*checkpoints/step_N\.pt "
+                                              r"continues from an earlier step"):
+        _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.root}")
+    again = _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.checkpoints / 'step_4.pt'}")
+    assert again["train"]["steps"] == 8
+    assert (run.checkpoints / "abandoned_after_step_4" / "last.pt").read_bytes() == torn  # kept, not lost
 
 
 @pytest.mark.slow

@@ -162,7 +162,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError for torn or foreign files
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): {exc}") from exc
+        hint = f"; resume={path.parent}/step_N.pt continues from an earlier step" if path.name == LAST_FILE else ""
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): {exc}{hint}") \
+            from exc
     if not isinstance(state, dict) or "version" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'version' key)")
     if state["version"] != CHECKPOINT_VERSION:
@@ -279,7 +281,13 @@ class CheckpointManager:
         later = [path for path in self.step_paths() if int(_STEP_FILE.match(path.name).group(1)) > step]
         for name in (LAST_FILE, BEST_FILE, FINAL_FILE):
             path = self.directory / name
-            if path.is_file() and int(load_checkpoint(path, mmap=True)["step"]) > step:
+            if not path.is_file():
+                continue
+            try:
+                if int(load_checkpoint(path, mmap=True)["step"]) > step:
+                    later.append(path)
+            except CheckpointError as error:  # e.g. a torn last.pt: kept, with the history it may belong to
+                log.warning("%s; set aside with the checkpoints after step %d", error, step)
                 later.append(path)
         if not later:
             return None

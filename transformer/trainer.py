@@ -207,7 +207,11 @@ class Trainer:
         self._step.load_optimizer_state(checkpoint["optimizer"])
         self.step = int(checkpoint["step"])
         self.epoch = int(checkpoint["epoch"])
-        self.sampler.load_state_dict(checkpoint["sampler"])
+        try:
+            self.sampler.load_state_dict(checkpoint["sampler"])
+        except ValueError as error:  # a checkpoint from before train_pairs was saved, on a changed training split
+            raise CheckpointError(f"{error}: the checkpoint was written in an epoch of another training split (did "
+                                  "the training files change?)") from None
         self._sampler_state = self.sampler.state_dict()
         self._sampler_positioned = True
         self.early_stopping.load_state_dict(checkpoint)

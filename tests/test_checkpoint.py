@@ -82,6 +82,9 @@ def test_load_errors_name_the_file(tmp_path):
     torch.save({"version": CHECKPOINT_VERSION + 1}, future)
     with pytest.raises(CheckpointError, match=f"version {CHECKPOINT_VERSION + 1}"):
         load_checkpoint(future)
+    with pytest.raises(CheckpointError, match=r"is a folder, not a checkpoint file: .* or give a run's folder as "
+                                              r"run_dir="):
+        load_checkpoint(tmp_path)  # checkpoint=RUN where run_dir=RUN was meant
 
 
 def test_unsafe_pickles_are_refused(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.checkpoint import RunDir, save_checkpoint
+from transformer.checkpoint import CheckpointError, RunDir, save_checkpoint
 from transformer.command_config import TrainConfig
 from transformer.config import EvalConfig, ModelConfig, to_plain_dict
 from transformer.decoding import beam_search
@@ -26,6 +26,8 @@ def test_find_checkpoint_prefers_final_then_best_then_last(tmp_path: Path) -> No
     for expected in (run.last, run.best, run.final):
         save_checkpoint({"step": 0}, expected)
         assert find_checkpoint(tmp_path) == expected
+    with pytest.raises(CheckpointError, match=r"run_dir: .*final\.pt is a file; give a checkpoint file as checkpoint="):
+        find_checkpoint(run.final)
 
 
 def test_load_trained_rebuilds_model_and_tokenizers_from_the_checkpoint_alone(tmp_path: Path) -> None:

@@ -200,6 +200,13 @@ def test_a_runs_recipe_comes_from_its_checkpoint_else_from_hydras_record(tmp_pat
     assert saved_recipe(tmp_path / "elsewhere" / "checkpoints" / "x.pt") is None  # neither kept a recipe
 
 
+def test_resume_of_a_runs_checkpoints_folder_means_the_run(tmp_path):
+    run = RunDir(tmp_path / "run")
+    save_checkpoint({**_weights_only(3), "config": SAVED}, run.last)
+    state, resumed_run, path = load_for_resume(run.checkpoints, SAVED)
+    assert (resumed_run.root, path, state["step"]) == (run.root, run.last, 3)
+
+
 def test_resume_names_a_target_that_is_missing_or_outside_a_run(tmp_path):
     with pytest.raises(ConfigError, match=r"^resume: .*nowhere does not exist"):
         load_for_resume(tmp_path / "nowhere", SAVED)

@@ -157,6 +157,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         CheckpointError: truncated/corrupt file, not a checkpoint dict, or a different format version.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file: name a .pt file (e.g. "
+                              f"{path}/checkpoints/final.pt), or give a run's folder as run_dir={path}")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:

@@ -43,6 +43,9 @@ class TrainedModel:
 
 def find_checkpoint(run_dir: str | Path) -> Path:
     """The checkpoint of a training run to evaluate: final, else best, else last."""
+    if Path(run_dir).is_file():
+        raise ckpt.CheckpointError(f"run_dir: {run_dir} is a file; give a checkpoint file as checkpoint={run_dir}, "
+                                   "or its run's folder as run_dir")
     run = ckpt.RunDir(Path(run_dir))
     candidates = (run.final, run.best, run.last)
     for path in candidates:

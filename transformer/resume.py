@@ -181,7 +181,8 @@ def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
     if not target.exists():
         raise ConfigError(f"resume: {target} does not exist; give a run directory or RUN/checkpoints/FILE.pt")
     if target.is_dir():
-        run = RunDir(target)
+        run = RunDir(target.parent if target.name == "checkpoints" and not RunDir(target).checkpoints.is_dir()
+                     else target)  # RUN/checkpoints means RUN
         return run, run.last
     if target.parent.name != "checkpoints":
         raise ConfigError(f"resume: {target} is not a run directory nor a checkpoint in a run's checkpoints/ folder "

@@ -200,6 +200,21 @@ def _joint_vocabulary_setup(tmp_path: Path, side: GloveSide, freeze: bool = Fals
     return build_model(cfg, tok.vocab_size, tok.vocab_size, tok.pad_id), glove, tok, train_set
 
 
+def test_a_file_that_covers_no_entry_is_a_warning_and_coverage_reads_as_a_sentence(tmp_path, caplog):
+    model, glove, tok, train_set = _joint_vocabulary_setup(tmp_path, GloveSide.tgt)
+    with caplog.at_level("INFO", logger="transformer.glove"):
+        coverage = init_model_embeddings(model, glove, tok, tok, train_set)["tgt"]
+    assert str(coverage) == "1 of 4 vocabulary entries found (25.0 %, 25.0 % of the training tokens)"
+    assert f"GloVe tgt embeddings: {coverage}" in caplog.text
+    Path(glove.path).write_text("zebra " + " ".join(["0.5"] * 8) + "\n", encoding="utf-8")  # no word in common
+    caplog.clear()
+    with caplog.at_level("INFO", logger="transformer.glove"):
+        init_model_embeddings(model, glove, tok, tok, train_set)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"GloVe tgt embeddings: no vocabulary entry has a vector in {glove.path}, so they stay random: is "
+                    "it a file of the target language?")]
+
+
 @pytest.mark.parametrize("side", [GloveSide.tgt, GloveSide.both])
 def test_joint_vocabulary_target_side_is_named_and_counted_as_target(tmp_path, caplog, side):
     model, glove, tok, train_set = _joint_vocabulary_setup(tmp_path, side)

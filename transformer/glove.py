@@ -51,6 +51,10 @@ class Coverage:
     type_rate: float  # n_types_found / n_types
     token_rate: float | None  # share of corpus tokens whose type was found (when counts were given)
 
+    def __str__(self) -> str:
+        tokens = "" if self.token_rate is None else f", {100 * self.token_rate:.1f} % of the training tokens"
+        return f"{self.n_types_found} of {self.n_types} vocabulary entries found ({100 * self.type_rate:.1f} %{tokens})"
+
 
 @dataclass
 class Vectors:
@@ -321,7 +325,11 @@ def init_model_embeddings(model: Transformer, glove: GloveConfig, src_tok: Token
             embedding, tok.pieces(), glove.path, counts=piece_counts(tokens, tok), freeze=glove.freeze,
             rescale=glove.rescale, skip_ids={tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id},
         )
-        log.info("GloVe %s embeddings: %s", side, coverages[side])
+        if coverages[side].n_types_found == 0:
+            log.warning("GloVe %s embeddings: no vocabulary entry has a vector in %s, so they stay random: is it "
+                        "a file of the %s language?", side, glove.path, "source" if side == "src" else "target")
+        else:
+            log.info("GloVe %s embeddings: %s", side, coverages[side])
     return coverages
 
 

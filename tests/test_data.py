@@ -188,6 +188,17 @@ def test_custom_corpus_through_config(tmp_path):
     assert load_split(cfg, "dev") == (["v"], ["V"])  # max_pairs applies to the training split only
 
 
+def test_a_scored_split_keeps_lines_with_an_empty_side_and_names_them(tmp_path, caplog):
+    cfg = _custom_corpus(tmp_path / "corpus")
+    _write(tmp_path / "corpus/dev.xx", b"v\n\nw\nx\n")
+    _write(tmp_path / "corpus/dev.yy", b"V\nU\nW\n \n")
+    with caplog.at_level("WARNING", logger="transformer.corpus_files"):
+        assert load_split(cfg, "dev") == (["v", "", "w", "x"], ["V", "U", "W", ""])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'corpus/dev.xx'} / {tmp_path / 'corpus/dev.yy'}: 2 line(s) with an empty side (2, 4), scored as "
+        "they are: an empty source translates to an empty line"]
+
+
 def test_the_training_split_comes_from_train_dir_and_the_others_from_the_corpus(tmp_path):
     cfg = replace(_custom_corpus(tmp_path / "corpus"), train_dir=str(tmp_path / "more"), max_pairs=None)
     (tmp_path / "more").mkdir()

@@ -257,7 +257,15 @@ def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
 
     ``cfg.max_pairs`` keeps only the first N pairs of the training split (smoke runs).
     """
-    src, tgt = read_parallel(*corpus_paths(cfg, split))
+    paths = corpus_paths(cfg, split)
+    src, tgt = read_parallel(*paths)
     if split == cfg.train_split and cfg.max_pairs is not None:
         src, tgt = src[: cfg.max_pairs], tgt[: cfg.max_pairs]
-    return [normalize_space(s) for s in src], [normalize_space(t) for t in tgt]
+    src, tgt = [normalize_space(s) for s in src], [normalize_space(t) for t in tgt]
+    if split != cfg.train_split:  # training drops such pairs (and counts them); a scored split keeps every line
+        empty = [line for line, pair in enumerate(zip(src, tgt), start=1) if not all(pair)]
+        if empty:
+            shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+            logger.warning("%s / %s: %d line(s) with an empty side (%s), scored as they are: an empty source "
+                           "translates to an empty line", *paths, len(empty), shown)
+    return src, tgt

@@ -391,6 +391,27 @@ def test_a_resume_that_moves_the_end_of_the_cosine_schedule_says_so(tmp_path, ca
                      f"{0.25 * cfg.lr:.3g}"]
 
 
+def test_a_warm_up_longer_than_the_run_is_a_warning_naming_the_highest_rate(tmp_path, caplog):
+    cfg = training_config(max_steps=4, warmup_steps=10, schedule=Schedule.cosine)
+    with caplog.at_level("WARNING", logger="transformer.trainer"):
+        make_trainer(tmp_path, cfg, PAIRS).fit()
+    assert [r.getMessage() for r in caplog.records if "warmup" in r.getMessage()] == [
+        f"training.warmup_steps=10 is more than the 4 steps planned (max_epochs / max_steps): the learning rate rises "
+        f"to {0.4 * cfg.lr:.3g} at most, never to training.lr={cfg.lr:g}"]
+
+
+def test_a_resume_within_the_warm_up_says_the_decay_moved_not_the_rate(tmp_path, caplog):
+    cfg = training_config(max_epochs=2, schedule=Schedule.cosine, warmup_steps=10)
+    make_trainer(tmp_path, replace(cfg, max_steps=3), PAIRS).fit()
+    state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    with caplog.at_level("WARNING", logger="transformer.trainer"):
+        make_trainer(tmp_path, replace(cfg, max_steps=5), PAIRS).load_state(state)
+    assert [r.getMessage() for r in caplog.records if "cosine schedule" in r.getMessage()] == [
+        "the cosine schedule now reaches its floor at step 5, not 3 as when the checkpoint was written "
+        "(training.max_epochs / max_steps / max_minutes changed) (the warm-up, where the run is, is the same; the "
+        "decay after it changes)"]
+
+
 def test_a_run_resumed_at_an_epochs_last_step_does_not_validate_that_step_again(tmp_path):
     per_epoch = len(make_sampler(PAIRS, training_config()))
     first = make_trainer(tmp_path, training_config(max_steps=per_epoch, patience=1), PAIRS)

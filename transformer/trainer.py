@@ -234,10 +234,12 @@ class Trainer:
         if self.cfg.schedule is not Schedule.cosine or saved_steps is None or saved_steps == self.schedule_steps:
             return
         step = self.step + 1
+        rates = scheduled_rate(self.cfg, step, saved_steps), scheduled_rate(self.cfg, step, self.schedule_steps)
+        change = f": step {step}'s learning rate goes from {rates[0]:.3g} to {rates[1]:.3g}" if rates[0] != rates[1] \
+            else " (the warm-up, where the run is, is the same; the decay after it changes)"
         log.warning("the cosine schedule now reaches its floor at step %d, not %d as when the checkpoint was written "
-                    "(training.max_epochs / max_steps / max_minutes changed): step %d's learning rate goes from %.3g to "
-                    "%.3g", self.schedule_steps, saved_steps, step, scheduled_rate(self.cfg, step, saved_steps),
-                    scheduled_rate(self.cfg, step, self.schedule_steps))
+                    "(training.max_epochs / max_steps / max_minutes changed)%s", self.schedule_steps, saved_steps,
+                    change)
 
     def save_now(self, reason: str, *, is_best: bool = False) -> None:
         """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
@@ -269,6 +271,11 @@ class Trainer:
         if self.dist.is_main:
             log.info("training on %d pairs, %d batches per epoch and rank, from step %d (epoch %d)",
                      len(self.dataset), len(self.sampler), self.step, self.epoch + 1)
+            if self.planned_steps < self.cfg.warmup_steps:
+                log.warning("training.warmup_steps=%d is more than the %d steps planned (max_epochs / max_steps): the "
+                            "learning rate rises to %.3g at most, never to training.lr=%g", self.cfg.warmup_steps,
+                            self.planned_steps, scheduled_rate(self.cfg, self.planned_steps, self.schedule_steps),
+                            self.cfg.lr)
         with defer_sigint(self._on_sigint):
             try:
                 reason = self._run()

@@ -23,7 +23,7 @@ from transformer import checkpoint as ckpt
 from transformer import corpus_cache, glove
 from transformer.batching import Batch, TokenBucketSampler, collate_arrays
 from transformer.command_config import EvaluateConfig, PrepareDataConfig, TrainConfig, TranslateConfig
-from transformer.config import ConfigError, DataConfig, ModelConfig, flatten, from_plain_dict, to_plain_dict
+from transformer.config import ConfigError, ModelConfig, flatten, from_plain_dict, to_plain_dict
 from transformer.corpus_files import corpus_paths, load_split
 from transformer.data import TranslationDataset, read_parallel
 from transformer.distributed import DistContext, broadcast_object, cleanup, init_distributed
@@ -33,7 +33,7 @@ from transformer.inference import translate as translate_texts
 from transformer.metrics import Scores
 from transformer.model import Transformer, build_model
 from transformer.optim import build_optimizer
-from transformer.resume import abandon_later_history, load_for_resume
+from transformer.resume import abandon_later_history, check_training_split, load_for_resume
 from transformer.runtime import (
     choose_device,
     configure_threads,
@@ -183,7 +183,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
                               max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
     trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
     if resumed is not None:
-        _check_training_split(resumed, len(train_set), cfg.data)
+        check_training_split(resumed, len(train_set), cfg.data)
         trainer.load_state(resumed)
     result = trainer.fit()
     metrics: dict[str, Any] = {"train": asdict(result)}
@@ -230,23 +230,6 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
         checkpoints=ckpt.CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
         validate=validate, extra_state={**_extra_state(cfg, src_tok, tgt_tok, recipe), "train_pairs": len(train_set)},
     )
-
-
-def _check_training_split(resumed: dict[str, Any], n_pairs: int, data: DataConfig) -> None:
-    """A resumed run's training split must be the one it trained on (checkpoints since version 0.8.2 hold its size):
-    an epoch begun on other pairs cannot be finished as begun, so that is refused; at an epoch's end the run goes on,
-    with a warning that it is no longer the uninterrupted run."""
-    saved = resumed.get("train_pairs")
-    if saved is None or saved == n_pairs:
-        return
-    files = f"{data.train_split}.{data.src} / {data.train_split}.{data.tgt}"
-    if resumed["sampler"]["position"] > 0:
-        raise ckpt.CheckpointError(
-            f"resume: the training split ({files}) now has {n_pairs} pairs, the checkpoint was written in the middle "
-            f"of epoch {resumed['epoch'] + 1} of {saved}: the training files changed, so that epoch cannot be finished "
-            "as it began; restore them, or resume from a checkpoint written at an epoch's end")
-    log.warning("resume: the training split (%s) now has %d pairs, the run trained on %d: the batches from here on "
-                "are not those of the uninterrupted run", files, n_pairs, saved)
 
 
 def _extra_state(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,

@@ -129,6 +129,23 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
     return state, run, path
 
 
+def check_training_split(resumed: dict[str, Any], n_pairs: int, data: DataConfig) -> None:
+    """A resumed run's training split must be the one it trained on (checkpoints since version 0.8.2 hold its size):
+    an epoch begun on other pairs cannot be finished as begun, so that is refused; at an epoch's end the run goes on,
+    with a warning that it is no longer the uninterrupted run."""
+    saved = resumed.get("train_pairs")
+    if saved is None or saved == n_pairs:
+        return
+    files = f"{data.train_split}.{data.src} / {data.train_split}.{data.tgt}"
+    if resumed["sampler"]["position"] > 0:
+        raise CheckpointError(
+            f"resume: the training split ({files}) now has {n_pairs} pairs, the checkpoint was written in the middle "
+            f"of epoch {resumed['epoch'] + 1} of {saved}: the training files changed, so that epoch cannot be finished "
+            "as it began; restore them, or resume from a checkpoint written at an epoch's end")
+    log.warning("resume: the training split (%s) now has %d pairs, the run trained on %d: the batches from here on "
+                "are not those of the uninterrupted run", files, n_pairs, saved)
+
+
 def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any], path: Path) -> bool:
     """Resuming from an earlier checkpoint than the run's newest abandons the steps after it: move their
     checkpoints aside (nothing is deleted), so that rotation, averaging and ``best.pt`` hold the resumed history

@@ -1,6 +1,6 @@
 """Same as the `transformer-benchmark` console command: `python scripts/benchmark.py [overrides]`."""
 
-from transformer.cli import benchmark_main
+from transformer.app.cli import benchmark_main
 
 if __name__ == "__main__":
     benchmark_main()

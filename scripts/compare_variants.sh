@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 from transformer.config import DataConfig
-from transformer.corpus_files import load_split
+from transformer.data.splits import load_split
 src, ref = load_split(DataConfig(source_dir=os.environ.get("MULTI30K_DIR")), "test_2016_flickr")
 Path(sys.argv[1], "picture.en").write_text(src[2] + "\n", encoding="utf-8")
 Path(sys.argv[1], "picture.de").write_text(ref[2] + "\n", encoding="utf-8")

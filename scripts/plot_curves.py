@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from transformer.curves import X_AXES, Curve, plot_curves, read_curve
+from transformer.app.curves import X_AXES, Curve, plot_curves, read_curve
 
 
 def main() -> None:

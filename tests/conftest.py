@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import nn
 
-from transformer.command_config import register_configs
+from transformer.app.schemas import register_configs
 
 from toy_training import train_reversal_model
 

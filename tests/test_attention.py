@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from transformer.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
-from transformer.masks import causal_mask, decoder_self_mask, padding_mask
+from transformer.model.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from transformer.model.masks import causal_mask, decoder_self_mask, padding_mask
 
 PAD = 0
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from transformer.attention import MultiHeadAttention, additive_scores, scaled_dot_product_attention
 from transformer.config import AttentionScore
-from transformer.embeddings import RelativePositions
-from transformer.masks import causal_mask
+from transformer.model.attention import MultiHeadAttention, additive_scores, scaled_dot_product_attention
+from transformer.model.embeddings import RelativePositions
+from transformer.model.masks import causal_mask
 
 
 def _identity_attention(score: AttentionScore = AttentionScore.scaled_dot, max_distance: int | None = None,

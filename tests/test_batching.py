@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.batching import (
+from transformer.data.batching import (
     Batch,
     Prefetcher,
     TokenBucketSampler,
@@ -19,8 +19,8 @@ from transformer.batching import (
     padding_efficiency,
     prefetched,
 )
-from transformer.data import TranslationDataset
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.corpus import TranslationDataset
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
 
@@ -154,9 +154,9 @@ def test_padding_efficiency_by_hand():
 def test_multi30k_padding_efficiency_at_4096_tokens():
     """The issue's target: >= 95 % real tokens with the default 8k joint BPE at max_tokens=4096."""
     from transformer.config import CorpusKind, DataConfig
-    from transformer.corpus_files import load_split
-    from transformer.data import TranslationDataset, clean_pairs
-    from transformer.tokenizer import build_tokenizers
+    from transformer.data.corpus import TranslationDataset, clean_pairs
+    from transformer.data.splits import load_split
+    from transformer.data.tokenizer import build_tokenizers
 
     cfg = DataConfig(corpus=CorpusKind.custom, dir=str(MULTI30K))
     src, tgt = load_split(cfg, cfg.train_split)

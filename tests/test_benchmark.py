@@ -11,11 +11,12 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.flop_counter import FlopCounterMode
 
-from toy_training import copy_pairs, make_trainer, training_config
-from transformer import benchmark
-from transformer.batching import TokenBucketSampler
+from transformer.app import benchmark
 from transformer.config import ModelConfig
-from transformer.model import build_model
+from transformer.data.batching import TokenBucketSampler
+from transformer.model.transformer import build_model
+
+from toy_training import copy_pairs, make_trainer, training_config
 
 
 @pytest.mark.parametrize("d_head", [None, 24])

@@ -9,18 +9,15 @@ import pytest
 import torch
 
 import transformer.checkpoint as checkpoint
-from transformer.checkpoint import (
-    CHECKPOINT_VERSION,
-    CheckpointError,
+from transformer.checkpoint import CHECKPOINT_VERSION, CheckpointError, RunDir, load_checkpoint
+from transformer.config import Schedule
+from transformer.training.checkpoints import (
     CheckpointManager,
-    RunDir,
     average_checkpoints,
     choose_final_weights,
-    load_checkpoint,
     save_checkpoint,
     save_model,
 )
-from transformer.config import Schedule
 
 
 def _state(value: float, step: int = 0) -> dict:

@@ -11,14 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from transformer import cli, pipeline
-from transformer.checkpoint import load_checkpoint
-from transformer.command_config import TrainConfig
-from transformer.config import ConfigError
-from transformer.data import DataError
-
 from conftest import CONFIG_DIR, REPO
+
+from transformer.app import cli, pipeline
+from transformer.checkpoint import load_checkpoint
+from transformer.config import ConfigError, TrainConfig
+from transformer.data.corpus import DataError
 
 RUN = ["output_dir=/tmp/unused"]
 
@@ -55,7 +53,7 @@ def test_a_range_error_is_one_logged_line_and_exit_status_1(compose_config, capl
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with an invalid config")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.cli"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
         cli._run(command, compose_config("train", ["training.lr=-1", *RUN]))
     assert exit_info.value.code == 1
     assert [r.getMessage() for r in caplog.records] == ["training.lr: must be > 0, got -1.0"]
@@ -67,7 +65,7 @@ def test_user_errors_raised_by_the_command_exit_with_status_1(compose_config, ca
     def command(cfg: TrainConfig) -> None:
         raise error
 
-    with caplog.at_level(logging.ERROR, logger="transformer.cli"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
         cli._run(command, compose_config("train", RUN))
     assert exit_info.value.code == 1 and caplog.records[-1].getMessage() == str(error)
 
@@ -76,7 +74,7 @@ def test_an_interpolation_that_does_not_resolve_is_one_line(compose_config, capl
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with an unresolved config")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.cli"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
         cli._run(command, compose_config("train", ["training.lr=${oops}", *RUN]))
     assert exit_info.value.code == 1
     assert "oops" in caplog.records[-1].getMessage() and "training.lr" in caplog.records[-1].getMessage()
@@ -86,7 +84,7 @@ def test_an_interrupted_command_ends_in_one_line_and_exit_status_130(compose_con
     def command(cfg: TrainConfig) -> None:
         raise KeyboardInterrupt("interrupted at step 7; saved run/checkpoints/last.pt (resume=run continues it)")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.cli"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
         cli._run(command, compose_config("train", RUN))
     assert exit_info.value.code == 130
     assert caplog.records[-1].getMessage() == ("interrupted at step 7; saved run/checkpoints/last.pt (resume=run "
@@ -127,7 +125,7 @@ def test_average_needs_an_output_and_two_inputs(monkeypatch, argv) -> None:
 def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-c", "from transformer.cli import train_main; train_main()", "training.lr=-1",
+        [sys.executable, "-c", "from transformer.app.cli import train_main; train_main()", "training.lr=-1",
          f"hydra.run.dir={run_dir}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
     )
@@ -149,7 +147,7 @@ def test_merge_overrides_keeps_the_runs_recipe_under_this_commands_values() -> N
 
 def _train_command(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "from transformer.cli import train_main; train_main()", *overrides],
+        [sys.executable, "-c", "from transformer.app.cli import train_main; train_main()", *overrides],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1",
              "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import CONFIG_DIR
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from transformer.command_config import EvaluateConfig, TrainConfig
+from transformer.app.schemas import EvaluateConfig
 from transformer.config import (
     AttentionScore,
     ConfigError,
@@ -17,11 +18,10 @@ from transformer.config import (
     ModelConfig,
     NormPosition,
     PositionKind,
+    TrainConfig,
     from_plain_dict,
     to_plain_dict,
 )
-
-from conftest import CONFIG_DIR
 
 RUN = ["output_dir=/tmp/unused"]
 

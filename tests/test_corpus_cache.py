@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 import random
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from transformer import corpus_cache, corpus_encoding
-from transformer.config import ConfigError, CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
-from transformer.corpus_cache import ReservoirSample, load_or_build
-from transformer.corpus_files import load_split
-from transformer.data import DataError, clean_pairs, normalize_space
-from transformer.tokenizer import WordTokenizer, build_tokenizers, tokenizer_digest
-
 from conftest import multi30k_dir
+
+from transformer.config import ConfigError, CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
+from transformer.data import cache as corpus_cache
+from transformer.data import encoding as corpus_encoding
+from transformer.data.cache import ReservoirSample, load_or_build
+from transformer.data.corpus import DataError, clean_pairs, normalize_space
+from transformer.data.splits import load_split
+from transformer.data.tokenizer import WordTokenizer, build_tokenizers, tokenizer_digest
 
 WORDS = "the a dog cat runs sees big small red house near under".split()
 # Cleaning cases by hand: a whitespace-only side (empty), 9 words > max_len=8 (too long),

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from transformer.config import TokenizerConfig, TokenizerKind
-from transformer.corpus_encoding import NpyWriter, encode_pairs, encoded_chunks
-from transformer.tokenizer import WordTokenizer
+from transformer.data.encoding import NpyWriter, encode_pairs, encoded_chunks
+from transformer.data.tokenizer import WordTokenizer
 
 SRC = ["the dog  runs", "a cat", " the red house ", "dog"]
 TGT = ["der hund läuft", "eine katze", "das rote haus", "hund"]

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from toy_training import BOS, EOS, PAD, SINGLE, copy_pairs, tiny_model, training_config
-from transformer.batching import collate_arrays, static_rows
 from transformer.config import ConfigError
-from transformer.data import TranslationDataset
-from transformer.distributed import DistContext
-from transformer.loss import projected_label_smoothed_sums
-from transformer.optim import build_optimizer, set_learning_rate
+from transformer.data.batching import collate_arrays, static_rows
+from transformer.data.corpus import TranslationDataset
 from transformer.runtime import resolve_training
-from transformer.train_step import TrainStep
+from transformer.training.distributed import DistContext
+from transformer.training.loss import projected_label_smoothed_sums
+from transformer.training.optim import build_optimizer, set_learning_rate
+from transformer.training.step import TrainStep
+
+from toy_training import BOS, EOS, PAD, SINGLE, copy_pairs, tiny_model, training_config
 
 PAIRS = copy_pairs(24, seed=5)
 DATA = TranslationDataset.from_sequences([s for s, _ in PAIRS], [t for _, t in PAIRS])

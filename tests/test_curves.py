@@ -9,7 +9,7 @@ import matplotlib.image
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from transformer.curves import Curve, plot_curves, read_curve
+from transformer.app.curves import Curve, plot_curves, read_curve
 
 T0 = 1_700_000_000.0  # wall-clock seconds of the run's first event
 

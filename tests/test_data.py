@@ -13,9 +13,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO, write_toy_corpus
 
 from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
-from transformer.corpus_files import (
+from transformer.data.corpus import (
+    CleaningReport,
+    DataError,
+    TranslationDataset,
+    clean_pairs,
+    cleaning_mask,
+    iter_line_blocks,
+    iter_parallel,
+    read_lines,
+    read_parallel,
+    token_dtype,
+)
+from transformer.data.splits import (
     MULTI30K_EXTRA_TESTS,
     MULTI30K_LANGS,
     MULTI30K_SHA256,
@@ -24,21 +37,7 @@ from transformer.corpus_files import (
     load_split,
     prepare_multi30k,
 )
-from transformer.data import (
-    CleaningReport,
-    DataError,
-    TranslationDataset,
-    token_dtype,
-    clean_pairs,
-    cleaning_mask,
-    iter_line_blocks,
-    iter_parallel,
-    read_lines,
-    read_parallel,
-)
-from transformer.tokenizer import WordTokenizer
-
-from conftest import REPO, write_toy_corpus
+from transformer.data.tokenizer import WordTokenizer
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
 needs_multi30k = pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
@@ -192,7 +191,7 @@ def test_a_scored_split_keeps_lines_with_an_empty_side_and_names_them(tmp_path, 
     cfg = _custom_corpus(tmp_path / "corpus")
     _write(tmp_path / "corpus/dev.xx", b"v\n\nw\nx\n")
     _write(tmp_path / "corpus/dev.yy", b"V\nU\nW\n \n")
-    with caplog.at_level("WARNING", logger="transformer.corpus_files"):
+    with caplog.at_level("WARNING", logger="transformer.data.splits"):
         assert load_split(cfg, "dev") == (["v", "", "w", "x"], ["V", "U", "W", ""])
     assert [r.getMessage() for r in caplog.records] == [
         f"{tmp_path / 'corpus/dev.xx'} / {tmp_path / 'corpus/dev.yy'}: 2 line(s) with an empty side (2, 4), scored as "

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from transformer.config import LengthNorm, ModelConfig
-from transformer.decoding import Hypothesis, beam_search, greedy_search, length_penalty, max_lengths
-from transformer.model import build_model
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.inference.search import Hypothesis, beam_search, greedy_search, length_penalty, max_lengths
+from transformer.model.transformer import build_model
 
 from toy_training import reversal_batch
 

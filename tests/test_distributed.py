@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from toy_training import copy_pairs, make_sampler, make_trainer, parameters, training_config
-from transformer import distributed
 from transformer.checkpoint import load_checkpoint
-from transformer.distributed import DistContext, init_distributed
+from transformer.training import distributed
+from transformer.training.distributed import DistContext, init_distributed
+
+from toy_training import copy_pairs, make_sampler, make_trainer, parameters, training_config
 
 PAIRS = copy_pairs(48, seed=3)
 STEPS = 6

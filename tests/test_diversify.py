@@ -9,14 +9,13 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import write_toy_corpus
 from omegaconf import OmegaConf
 
-from transformer import diversify, pipeline
+from transformer.app import diversify, pipeline
+from transformer.app.diversify import diversified_pairs
 from transformer.config import ConfigError
-from transformer.data import DataError, read_lines, read_parallel
-from transformer.diversify import diversified_pairs
-
-from conftest import write_toy_corpus
+from transformer.data.corpus import DataError, read_lines, read_parallel
 
 TOY = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", "training.warmup_steps=20",
        "training.lr=3e-3", "model.dropout=0.0", "training.max_tokens=512", "device=cpu"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer.corpus_files import MULTI30K_SHA256, download_file, prepare_multi30k
-from transformer.data import DataError
+from transformer.data.corpus import DataError
+from transformer.data.splits import MULTI30K_SHA256, download_file, prepare_multi30k
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
 pytestmark = pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
@@ -71,7 +71,7 @@ def _names(directory: Path) -> list[str]:
 
 def test_download_verifies_and_writes_files(server, tmp_path, caplog):
     target = tmp_path / "m30k"
-    with caplog.at_level(logging.INFO, logger="transformer.corpus_files"):
+    with caplog.at_level(logging.INFO, logger="transformer.data.splits"):
         assert prepare_multi30k(target, splits=("val", "test_2016_flickr"), base_url=f"{server}/good") == target
     assert _names(target) == ["test_2016_flickr.de.gz", "test_2016_flickr.en.gz", "val.de.gz", "val.en.gz"]
     for name in _names(target):
@@ -125,7 +125,7 @@ def test_a_disk_that_fills_at_the_rename_is_named_as_a_write_failure(server, tmp
     def full(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("transformer.corpus_files.os.replace", full)
+    monkeypatch.setattr("transformer.files.os.replace", full)
     with pytest.raises(DataError, match=r"val\.en\.gz: cannot write the file here \(\[Errno 28\] No space left"):
         download_file(f"{server}/good/val.en.gz", tmp_path / "val.en.gz", MULTI30K_SHA256["val.en.gz"])
     assert _names(tmp_path) == []  # the temporary file is gone too

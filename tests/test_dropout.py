@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.dropout import Dropout, dropout
+from transformer.model.dropout import Dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from transformer.early_stopping import EarlyStopping
+from transformer.training.early_stopping import EarlyStopping
 
 
 def test_best_step_and_patience_follow_the_validations():

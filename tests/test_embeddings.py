@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transformer.config import PositionKind
-from transformer.embeddings import Embeddings, RotaryPositions, TokenEmbedding, sinusoidal_positions
+from transformer.model.embeddings import Embeddings, RotaryPositions, TokenEmbedding, sinusoidal_positions
 
 
 def test_sinusoid_matches_the_formula_by_hand() -> None:

@@ -7,17 +7,25 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from transformer.checkpoint import RunDir, save_checkpoint
-from transformer.command_config import EvaluateConfig, TrainConfig
-from transformer.config import AttentionDumpConfig, ConfigError, DataConfig, LengthNorm, ModelConfig, to_plain_dict
-from transformer.decoding import beam_search, greedy_search
-from transformer.ensemble import Ensemble, select_ensemble_encoder
-from transformer.inference import load_model
-from transformer.model import build_model
-from transformer.tokenizer import SPECIAL_PIECES, WordTokenizer
-
 from test_decoding import BOS_ID, REAL, tiny_model, varied_sources
+
+from transformer.app.schemas import EvaluateConfig
+from transformer.checkpoint import RunDir
+from transformer.config import (
+    AttentionDumpConfig,
+    ConfigError,
+    DataConfig,
+    LengthNorm,
+    ModelConfig,
+    TrainConfig,
+    to_plain_dict,
+)
+from transformer.data.tokenizer import SPECIAL_PIECES, WordTokenizer
+from transformer.inference.ensemble import Ensemble, select_ensemble_encoder
+from transformer.inference.loading import load_model
+from transformer.inference.search import beam_search, greedy_search
+from transformer.model.transformer import build_model
+from transformer.training.checkpoints import save_checkpoint
 
 BEAM = dict(beam_size=3, n_best=2, length_penalty=0.6, length_norm=LengthNorm.gnmt, **REAL)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import gzip
-import re
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from transformer.config import GloveConfig, GloveSide, ModelConfig
-from transformer.data import TranslationDataset
-from transformer.glove import (
+from transformer.data.corpus import TranslationDataset
+from transformer.data.tokenizer import SPECIAL_PIECES, WordTokenizer
+from transformer.model.transformer import build_model
+from transformer.training.glove import (
     GloveError,
     init_embedding_from_glove,
     init_model_embeddings,
@@ -23,8 +25,6 @@ from transformer.glove import (
     refreeze_model_embeddings,
     vector_dim,
 )
-from transformer.model import build_model
-from transformer.tokenizer import SPECIAL_PIECES, WordTokenizer
 
 LINES = ["the 0.1 0.2 0.3", "Dog 1 2 3", "dog 4 5 6", "cat 7 8 9", "house 0.5 0.5 0.5"]
 PIECES = ["<pad>", "<unk>", "\u2581the", "Dog", "\u2581Cat", "zebra", "\u2581", "HOUSE"]
@@ -202,13 +202,13 @@ def _joint_vocabulary_setup(tmp_path: Path, side: GloveSide, freeze: bool = Fals
 
 def test_a_file_that_covers_no_entry_is_a_warning_and_coverage_reads_as_a_sentence(tmp_path, caplog):
     model, glove, tok, train_set = _joint_vocabulary_setup(tmp_path, GloveSide.tgt)
-    with caplog.at_level("INFO", logger="transformer.glove"):
+    with caplog.at_level("INFO", logger="transformer.training.glove"):
         coverage = init_model_embeddings(model, glove, tok, tok, train_set)["tgt"]
     assert str(coverage) == "1 of 4 vocabulary entries found (25.0 %, 25.0 % of the training tokens)"
     assert f"GloVe tgt embeddings: {coverage}" in caplog.text
     Path(glove.path).write_text("zebra " + " ".join(["0.5"] * 8) + "\n", encoding="utf-8")  # no word in common
     caplog.clear()
-    with caplog.at_level("INFO", logger="transformer.glove"):
+    with caplog.at_level("INFO", logger="transformer.training.glove"):
         init_model_embeddings(model, glove, tok, tok, train_set)
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", f"GloVe tgt embeddings: no vocabulary entry has a vector in {glove.path}, so they stay random: is "
@@ -218,7 +218,7 @@ def test_a_file_that_covers_no_entry_is_a_warning_and_coverage_reads_as_a_senten
 @pytest.mark.parametrize("side", [GloveSide.tgt, GloveSide.both])
 def test_joint_vocabulary_target_side_is_named_and_counted_as_target(tmp_path, caplog, side):
     model, glove, tok, train_set = _joint_vocabulary_setup(tmp_path, side)
-    with caplog.at_level("INFO", logger="transformer.glove"):
+    with caplog.at_level("INFO", logger="transformer.training.glove"):
         coverages = init_model_embeddings(model, glove, tok, tok, train_set)
     assert sorted(coverages) == (["tgt"] if side is GloveSide.tgt else ["src", "tgt"])
     assert coverages["tgt"].token_rate == pytest.approx(1 / 4)  # counted on the target side, not the source

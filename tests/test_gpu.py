@@ -9,25 +9,27 @@ import logging
 import pytest
 import torch
 from omegaconf import OmegaConf
-from torch.profiler import ProfilerActivity, profile
-
 from test_decoding import REAL, tiny_model, varied_sources
 from test_model import CONFIGS as MODEL_CONFIGS
 from test_model import PAD as OPTION_PAD
 from test_model import _batch as option_batch
 from test_model import _model as option_model
-from toy_training import BOS, EOS, PAD, copy_pairs, make_trainer, toy_collate, training_config
-from toy_training import tiny_model as graph_model
-from transformer import pipeline
-from transformer.batching import collate_arrays
+from torch.profiler import ProfilerActivity, profile
+
+from transformer.app import pipeline
 from transformer.checkpoint import RunDir, load_checkpoint
 from transformer.config import LengthNorm, Precision
-from transformer.data import TranslationDataset
-from transformer.decoding import beam_search, greedy_search
-from transformer.distributed import DistContext
-from transformer.optim import build_optimizer, set_learning_rate
+from transformer.data.batching import collate_arrays
+from transformer.data.corpus import TranslationDataset
+from transformer.inference.search import beam_search, greedy_search
 from transformer.runtime import autocast
-from transformer.train_step import TrainStep
+from transformer.training.distributed import DistContext
+from transformer.training.objective import TranslationObjective
+from transformer.training.optim import build_optimizer, set_learning_rate
+from transformer.training.step import TrainStep
+
+from toy_training import BOS, EOS, PAD, copy_pairs, make_trainer, toy_collate, training_config
+from toy_training import tiny_model as graph_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -42,8 +44,8 @@ def _cuda() -> DistContext:
 def _loss_and_grads(model: torch.nn.Module, batch, precision: Precision) -> tuple[float, torch.Tensor]:
     model.zero_grad(set_to_none=True)
     with autocast(torch.device("cuda"), precision):
-        loss_sum, _ = model(batch.src, batch.tgt_in, batch.tgt_out, target_positions=batch.target_positions,
-                            label_smoothing=0.1, loss_chunk=8192)
+        objective = TranslationObjective(model, label_smoothing=0.1, loss_chunk=8192)
+        loss_sum, _ = objective(batch.src, batch.tgt_in, batch.tgt_out, batch.target_positions)
     loss_sum.backward()
     grads = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
     return loss_sum.item() / batch.n_tgt_tokens, grads
@@ -96,7 +98,7 @@ def test_every_attention_and_position_option_on_cuda(name):
     for precision in (Precision.fp32, Precision.bf16):
         model.zero_grad(set_to_none=True)
         with autocast(torch.device("cuda"), precision):
-            loss, _ = model(src, tgt_in, tgt_out, label_smoothing=0.1)
+            loss, _ = TranslationObjective(model, label_smoothing=0.1)(src, tgt_in, tgt_out)
         loss.backward()
         results.append((loss.item(), torch.cat([p.grad.float().flatten() for p in model.parameters()
                                                  if p.grad is not None])))
@@ -156,7 +158,7 @@ def test_a_run_on_the_gpus_defaults_replays_graphs_and_resumes(compose_config, t
     """The pipeline on CUDA with every default (bf16, padding to 8, CUDA graphs): it records graphs, and the
     run resumed from its step-4 checkpoint retrains steps 5 - 8 to about the same weights (loosely, as above:
     atomics in attention backward may sum in another order)."""
-    caplog.set_level(logging.INFO, logger="transformer.trainer")
+    caplog.set_level(logging.INFO, logger="transformer.training.trainer")
     steps = ["training.max_steps=8", "training.validate_every_steps=4", "training.average_last=0"]
 
     def train(*extra: str) -> dict:

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from transformer.checkpoint import CheckpointError, RunDir, save_checkpoint
-from transformer.command_config import TrainConfig
-from transformer.config import EvalConfig, ModelConfig, to_plain_dict
-from transformer.decoding import beam_search
-from transformer.inference import find_checkpoint, load_trained, translate
-from transformer.model import build_model
-from transformer.tokenizer import SPECIAL_PIECES, WordTokenizer
-
 from test_decoding import SPECIAL, tiny_model
+
+from transformer.checkpoint import CheckpointError, RunDir
+from transformer.config import EvalConfig, ModelConfig, TrainConfig, to_plain_dict
+from transformer.data.tokenizer import SPECIAL_PIECES, WordTokenizer
+from transformer.inference.loading import find_checkpoint, load_trained
+from transformer.inference.search import beam_search
+from transformer.inference.translation import translate
+from transformer.model.transformer import build_model
+from transformer.training.checkpoints import save_checkpoint
 
 
 def test_find_checkpoint_prefers_final_then_best_then_last(tmp_path: Path) -> None:

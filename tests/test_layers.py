@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from transformer.config import Activation, NormPosition
-from transformer.layers import DecoderLayer, EncoderLayer, FeedForward, LayerSizes, Residual
-from transformer.masks import causal_mask, padding_mask
+from transformer.model.layers import DecoderLayer, EncoderLayer, FeedForward, LayerSizes, Residual
+from transformer.model.masks import causal_mask, padding_mask
 
 PAD = 0
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.loss import label_smoothed_cross_entropy, label_smoothed_sums, projected_label_smoothed_sums
+from transformer.training.loss import label_smoothed_cross_entropy, label_smoothed_sums, projected_label_smoothed_sums
 
 PAD = 0
 

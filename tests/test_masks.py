@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.masks import cached_decoder_self_mask, causal_mask, decoder_self_mask, padding_mask
+from transformer.model.masks import cached_decoder_self_mask, causal_mask, decoder_self_mask, padding_mask
 
 PAD = 0
 

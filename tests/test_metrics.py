@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from transformer.metrics import Scores, corpus_scores, moses_preprocess, perplexity, token_accuracy, tokenized_bleu
+from transformer.inference.metrics import (
+    Scores,
+    corpus_scores,
+    moses_preprocess,
+    perplexity,
+    token_accuracy,
+    tokenized_bleu,
+)
 
 
 def test_identical_text_scores_100() -> None:

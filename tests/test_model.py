@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from transformer.config import AttentionConfig, AttentionScore, ConfigError, ModelConfig, NormPosition, PositionKind
-from transformer.loss import label_smoothed_sums
-from transformer.decoding import greedy_search
-from transformer.model import Transformer, build_model, select_encoder_output
+from transformer.inference.search import greedy_search
+from transformer.model.transformer import Transformer, build_model, select_encoder_output
 
 from toy_training import BOS as TOY_BOS
 from toy_training import EOS as TOY_EOS
@@ -72,25 +71,6 @@ def test_shapes_and_embedding_properties() -> None:
     assert untied.src_token_embedding is not untied.tgt_token_embedding
     extra = sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in _model().parameters())
     assert extra == 16 * VOCAB  # exactly the separate output projection
-
-
-@pytest.mark.parametrize("tie_output", [True, False])
-def test_forward_with_targets_returns_the_loss_of_its_logits(tie_output: bool) -> None:
-    model = _model(tie_output=tie_output)
-    src, tgt_in = _batch()
-    tgt_out = torch.cat([tgt_in[:, 1:], torch.full((3, 1), PAD)], dim=1).masked_fill(tgt_in == PAD, PAD)
-    weight, bias = model.output_layer()
-    expected_weight = model.tgt_token_embedding.weight if tie_output else model.output_proj.weight
-    assert weight is expected_weight and bias is None
-    reference = label_smoothed_sums(model(src, tgt_in), tgt_out, smoothing=0.1, pad_id=PAD)  # via the logits
-    reference_grads = torch.autograd.grad(reference[0], list(model.parameters()), allow_unused=True)
-    positions = (tgt_out != PAD).flatten().nonzero().squeeze(1)
-    for given in (None, positions):
-        loss_sum, nll_sum = model(src, tgt_in, tgt_out, target_positions=given, label_smoothing=0.1, loss_chunk=4)
-        torch.testing.assert_close((loss_sum, nll_sum), reference)
-        grads = torch.autograd.grad(loss_sum, list(model.parameters()), allow_unused=True)
-        for g, g_ref in zip(grads, reference_grads):
-            assert (g is None) == (g_ref is None) and (g is None or torch.allclose(g, g_ref, atol=1e-5))
 
 
 def test_share_embeddings_needs_equal_vocab_sizes() -> None:

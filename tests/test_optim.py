@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from transformer.config import Schedule, TrainingConfig
-from transformer.embeddings import RelativePositions
-from transformer.optim import build_optimizer, learning_rate, parameter_groups
+from transformer.model.embeddings import RelativePositions
+from transformer.training.optim import build_optimizer, learning_rate, parameter_groups
 
 
 def lr_at(step: int, schedule: Schedule, *, lr=1.0, warmup=4, max_steps=None, min_lr=0.0) -> float:

@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, write_toy_corpus
 from omegaconf import OmegaConf
 
-from transformer import pipeline
+from transformer.app import pipeline
+from transformer.app.curves import Curve, plot_curves, read_curve
 from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
-from transformer.curves import Curve, plot_curves, read_curve
 from transformer.config import ConfigError
-from transformer.data import DataError, read_parallel
-from transformer.inference import load_trained
-from transformer.metrics import corpus_scores
-
-from conftest import REPO, write_toy_corpus
+from transformer.data.corpus import DataError, read_parallel
+from transformer.inference.loading import load_trained
+from transformer.inference.metrics import corpus_scores
 
 # device=cpu: exact resumes, bit-equal weights and step counts here are the CPU's (on a GPU machine too; the CUDA
 # paths have their own tests, tests/test_gpu.py)

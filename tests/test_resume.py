@@ -12,17 +12,17 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from transformer.checkpoint import CheckpointError, CheckpointManager, RunDir, save_checkpoint
-from transformer.command_config import TrainConfig
-from transformer.config import ConfigError, TrainingConfig, to_plain_dict
-from transformer.resume import (
+from transformer.checkpoint import CheckpointError, RunDir
+from transformer.config import ConfigError, TrainConfig, TrainingConfig, to_plain_dict
+from transformer.runtime import resolve_training
+from transformer.training.checkpoints import CheckpointManager, save_checkpoint
+from transformer.training.resume import (
     abandon_later_history,
     check_process_count,
     check_resume_config,
     load_for_resume,
     saved_recipe,
 )
-from transformer.runtime import resolve_training
 
 
 def _weights_only(step: int = 0) -> dict:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from transformer.checkpoint import load_checkpoint, save_checkpoint
+from transformer.checkpoint import load_checkpoint
 from transformer.config import EvalConfig, Precision, TrainingConfig
 from transformer.runtime import (
     autocast,
@@ -23,6 +23,7 @@ from transformer.runtime import (
     restore_rng_state,
     seed_everything,
 )
+from transformer.training.checkpoints import save_checkpoint
 
 
 def _draw() -> tuple:

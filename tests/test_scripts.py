@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 
 from transformer.checkpoint import load_checkpoint
-
-from conftest import REPO
 
 RECIPE = ["data=toy_copy", "model=tiny", "eval=greedy", "training.max_tokens=256", "training.max_steps=6",
           "training.validate_every_steps=3", "device=cpu"]  # the scripts' logic, the same on a GPU machine

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.step_window import StepWindow, TrainingDiverged
+from transformer.training.step_window import StepWindow, TrainingDiverged
 
 
 def _window_of(steps: list[tuple[float, float, float, float, int]]) -> StepWindow:

@@ -11,13 +11,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from transformer import pipeline
-from transformer.batching import TokenBucketSampler
+from transformer.app import pipeline
 from transformer.checkpoint import RunDir, load_checkpoint
 from transformer.config import ConfigError, SentencePieceModel, TokenizerConfig
-from transformer.data import TranslationDataset
-from transformer.subword_sampling import ResegmentedCorpus, ResegmentingSampler
-from transformer.tokenizer import SentencePieceTokenizer, train_sentencepiece
+from transformer.data.batching import TokenBucketSampler
+from transformer.data.corpus import TranslationDataset
+from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSampler
+from transformer.data.tokenizer import SentencePieceTokenizer, train_sentencepiece
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "ta", "so", "be"]
 

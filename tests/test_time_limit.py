@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from transformer.time_limit import TimeLimit, projected_step
+from transformer.training.time_limit import TimeLimit, projected_step
 
 
 def test_projected_step_by_hand():
@@ -29,7 +29,7 @@ def test_reports_when_it_first_binds_and_when_it_moved_more_than_one_percent():
 
 def test_reproject_takes_the_projection_and_logs_only_the_lines_worth_reporting(caplog):
     limit = TimeLimit(minutes=10.0)  # 600 s; after 60 s at 100 steps a minute, 540 s are left: 900 more steps
-    with caplog.at_level("INFO", logger="transformer.time_limit"):
+    with caplog.at_level("INFO", logger="transformer.training.time_limit"):
         limit.reproject(step=100, steps_per_second=100 / 60, train_seconds=60.0, planned_steps=2000, is_main=True)
         assert limit.step == 1000
         limit.reproject(step=200, steps_per_second=95 / 60, train_seconds=120.0, planned_steps=2000, is_main=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from transformer.config import SentencePieceModel, TokenizerConfig, TokenizerKind
-from transformer.tokenizer import (
+from transformer.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from toy_training import copy_pairs, make_sampler, make_trainer, parameters, training_config
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Schedule
-from transformer.step_window import TrainingDiverged
-from transformer.trainer import Trainer
+from transformer.training.step_window import TrainingDiverged
+from transformer.training.trainer import Trainer
+
+from toy_training import copy_pairs, make_sampler, make_trainer, parameters, training_config
 
 PAIRS = copy_pairs(40, seed=1)
 
@@ -176,7 +177,7 @@ def test_max_minutes_counts_the_time_before_a_resume(tmp_path, caplog):
     budget = state["train_seconds"] / 60.0 * 0.999  # the whole budget is already spent
     resumed = make_trainer(tmp_path, training_config(max_steps=10, max_minutes=budget), PAIRS)
     resumed.load_state(state)
-    with caplog.at_level("WARNING", logger="transformer.trainer"):
+    with caplog.at_level("WARNING", logger="transformer.training.trainer"):
         result = resumed.fit()
     assert (result.reason, result.steps) == ("max_minutes", 3)
     assert any("nothing more to train (a larger training.max_minutes, or null" in r.getMessage() for r in caplog.records)
@@ -211,7 +212,7 @@ def test_max_minutes_ends_the_cosine_schedule_where_the_time_runs_out(tmp_path, 
     # 10 s a step and a limit of 1.5 epochs' time: after the first epoch's validation the pace (0.1 steps/s)
     # projects the limit to step 1.5 n, so the cosine reaches its floor and training stops there, not at 4 n.
     clock, rates = _StepClock(10.0), []
-    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+    monkeypatch.setattr("transformer.training.trainer.time.monotonic", clock)
     probe = make_trainer(tmp_path / "probe", training_config(), PAIRS)
     n = len(probe.sampler)
     limit = 1.5 * n * 10.0 / 60.0  # minutes
@@ -238,7 +239,7 @@ def test_a_validation_that_uses_up_the_time_ends_training_at_its_step(tmp_path, 
     # 10 s a step, a one-minute limit, a validation every 3 steps that takes 100 s: the first one uses up the
     # time, so training stops at step 3, without another step or a second validation for it.
     clock, rates, seen = _StepClock(10.0), [], []
-    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+    monkeypatch.setattr("transformer.training.trainer.time.monotonic", clock)
 
     def validate(model, step):
         seen.append(step)
@@ -256,7 +257,7 @@ def test_a_slower_machine_cuts_the_schedule_with_a_warning(tmp_path, monkeypatch
     # The first epoch's pace projects the limit to step 1.5 n; then a step takes 1,000 s and the limit runs
     # out before that step: training stops there, above the schedule's floor, and says so.
     clock, rates = _StepClock(10.0), []
-    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+    monkeypatch.setattr("transformer.training.trainer.time.monotonic", clock)
     n = len(make_trainer(tmp_path / "probe", training_config(), PAIRS).sampler)
     cfg = training_config(max_epochs=4, max_minutes=1.5 * n * 10.0 / 60.0, schedule=Schedule.cosine,
                           warmup_steps=2, min_lr=1e-5)
@@ -265,7 +266,7 @@ def test_a_slower_machine_cuts_the_schedule_with_a_warning(tmp_path, monkeypatch
     step = trainer.train_step
     trainer.train_step = lambda group: (setattr(clock, "seconds", 1000.0 if trainer.step == n else 10.0),
                                         step(group))[1]
-    with caplog.at_level("WARNING", logger="transformer.trainer"):
+    with caplog.at_level("WARNING", logger="transformer.training.trainer"):
         result = trainer.fit()
     assert (result.reason, result.steps) == ("max_minutes", n + 1)
     assert rates[-1] > 10 * 1e-5  # well above the floor: cut, not annealed
@@ -277,7 +278,7 @@ def test_a_slower_machine_cuts_the_schedule_with_a_warning(tmp_path, monkeypatch
 
 def test_max_minutes_longer_than_the_epochs_changes_nothing(tmp_path, monkeypatch):
     clock = _StepClock(10.0)
-    monkeypatch.setattr("transformer.trainer.time.monotonic", clock)
+    monkeypatch.setattr("transformer.training.trainer.time.monotonic", clock)
     cfg = training_config(max_epochs=2, schedule=Schedule.cosine, warmup_steps=2)
     runs = {}
     for minutes in (None, 1e6):
@@ -344,7 +345,7 @@ def test_the_schedule_keeps_the_first_epochs_length_also_after_a_resume(tmp_path
 def test_each_epochs_last_steps_reach_the_log(tmp_path, caplog):
     per_epoch = len(make_sampler(PAIRS, training_config()))
     cfg = training_config(max_epochs=2, log_every_steps=2 * per_epoch + 1)  # no log step comes in the run
-    with caplog.at_level("INFO", logger="transformer.trainer"):
+    with caplog.at_level("INFO", logger="transformer.training.trainer"):
         make_trainer(tmp_path, cfg, PAIRS).fit()
     logged = [int(m.group(1)) for r in caplog.records if (m := re.match(r"epoch \d+ step (\d+): loss", r.getMessage()))]
     assert logged == [per_epoch, 2 * per_epoch]
@@ -381,7 +382,7 @@ def test_a_resume_that_moves_the_end_of_the_cosine_schedule_says_so(tmp_path, ca
     assert state["schedule_steps"] == 3
     for max_steps, warned in [(3, False), (5, True)]:
         caplog.clear()
-        with caplog.at_level("WARNING", logger="transformer.trainer"):
+        with caplog.at_level("WARNING", logger="transformer.training.trainer"):
             make_trainer(tmp_path, replace(cfg, max_steps=max_steps), PAIRS).load_state(state)
         moved = [r.getMessage() for r in caplog.records if "cosine schedule" in r.getMessage()]
         assert bool(moved) == warned
@@ -393,7 +394,7 @@ def test_a_resume_that_moves_the_end_of_the_cosine_schedule_says_so(tmp_path, ca
 
 def test_a_warm_up_longer_than_the_run_is_a_warning_naming_the_highest_rate(tmp_path, caplog):
     cfg = training_config(max_steps=4, warmup_steps=10, schedule=Schedule.cosine)
-    with caplog.at_level("WARNING", logger="transformer.trainer"):
+    with caplog.at_level("WARNING", logger="transformer.training.trainer"):
         make_trainer(tmp_path, cfg, PAIRS).fit()
     assert [r.getMessage() for r in caplog.records if "warmup" in r.getMessage()] == [
         f"training.warmup_steps=10 is more than the 4 steps planned (max_epochs / max_steps): the learning rate rises "
@@ -404,7 +405,7 @@ def test_a_resume_within_the_warm_up_says_the_decay_moved_not_the_rate(tmp_path,
     cfg = training_config(max_epochs=2, schedule=Schedule.cosine, warmup_steps=10)
     make_trainer(tmp_path, replace(cfg, max_steps=3), PAIRS).fit()
     state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    with caplog.at_level("WARNING", logger="transformer.trainer"):
+    with caplog.at_level("WARNING", logger="transformer.training.trainer"):
         make_trainer(tmp_path, replace(cfg, max_steps=5), PAIRS).load_state(state)
     assert [r.getMessage() for r in caplog.records if "cosine schedule" in r.getMessage()] == [
         "the cosine schedule now reaches its floor at step 5, not 3 as when the checkpoint was written "

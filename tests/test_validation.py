@@ -15,12 +15,11 @@ import torch.nn.functional as F
 from sacrebleu.metrics import BLEU, CHRF
 from torch import nn
 
-from transformer import validation
-from transformer.command_config import TrainConfig
-from transformer.config import AttentionDumpConfig, DataConfig, EvalConfig, ModelConfig, TrainingConfig
-from transformer.inference import translate
-from transformer.model import build_model
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, WordTokenizer
+from transformer.config import AttentionDumpConfig, DataConfig, EvalConfig, ModelConfig, TrainConfig, TrainingConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, WordTokenizer
+from transformer.inference.translation import translate
+from transformer.model.transformer import build_model
+from transformer.training import validation
 
 SRC_WORDS = "a b c d e f g h".split()
 SRC_TOK = WordTokenizer(["<pad>", "<unk>", "<s>", "</s>", *SRC_WORDS])

@@ -11,20 +11,19 @@ import pytest
 import torch
 from torch import nn
 
-from transformer.command_config import TrainConfig
-from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig, ModelConfig
-from transformer import visualize
-from transformer.inference import TrainedModel
-from transformer.model import build_model
-from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, WordTokenizer
-from transformer.visualize import (
-    dump_attention,
+from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig, ModelConfig, TrainConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, WordTokenizer
+from transformer.inference import attention_maps as visualize
+from transformer.inference.attention_maps import (
     AttentionMaps,
     compute_attention_maps,
+    dump_attention,
     load_attention_maps,
     log_attention_maps,
     save_attention_maps,
 )
+from transformer.inference.loading import TrainedModel
+from transformer.model.transformer import build_model
 
 N_ENC, N_DEC, HEADS = 2, 3, 2
 IDS = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)

@@ -12,18 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer.batching import Batch, TokenBucketSampler, collate
-from transformer.checkpoint import CheckpointManager
 from transformer.config import ModelConfig, PositionKind, Precision, Schedule, TrainingConfig
-from transformer.distributed import DistContext
-from transformer.model import build_model
-from transformer.optim import build_optimizer
+from transformer.data.batching import Batch, TokenBucketSampler, collate
+from transformer.data.tokenizer import BOS_ID as BOS
+from transformer.data.tokenizer import EOS_ID as EOS
+from transformer.data.tokenizer import PAD_ID as PAD
+from transformer.model.transformer import build_model
 from transformer.tracking import Tracker
-from transformer.trainer import Trainer
-
-from transformer.tokenizer import BOS_ID as BOS
-from transformer.tokenizer import EOS_ID as EOS
-from transformer.tokenizer import PAD_ID as PAD
+from transformer.training.checkpoints import CheckpointManager
+from transformer.training.distributed import DistContext
+from transformer.training.optim import build_optimizer
+from transformer.training.trainer import Trainer
 
 # the toy vocabulary's own symbols are VOCAB_START..VOCAB-1, after the special ids
 VOCAB_START, VOCAB = 4, 12

@@ -3,8 +3,7 @@
 The public names most users need; everything else lives in its own module (see the README's layout).
 """
 
-from transformer.attention import MultiHeadAttention, additive_scores, scaled_dot_product_attention
-from transformer.command_config import EvaluateConfig, TrainConfig, TranslateConfig
+from transformer.app.schemas import EvaluateConfig, TranslateConfig
 from transformer.config import (
     AttentionConfig,
     AttentionScore,
@@ -13,11 +12,13 @@ from transformer.config import (
     ModelConfig,
     PositionKind,
     TokenizerConfig,
+    TrainConfig,
     TrainingConfig,
 )
-from transformer.decoding import Hypothesis, beam_search, greedy_search
-from transformer.inference import TrainedModel, load_trained
-from transformer.model import DecoderCache, EncoderOutput, Transformer, build_model
+from transformer.inference.loading import TrainedModel, load_trained
+from transformer.inference.search import Hypothesis, beam_search, greedy_search
+from transformer.model.attention import MultiHeadAttention, additive_scores, scaled_dot_product_attention
+from transformer.model.transformer import DecoderCache, EncoderOutput, Transformer, build_model
 
 __all__ = [
     "AttentionConfig",

@@ -1,4 +1,4 @@
-"""Versioned training checkpoints: atomic writes, ``weights_only`` loads, rotation and averaging.
+"""What a checkpoint is and where a run keeps it: the format, ``weights_only`` loads and a run directory's layout.
 
 A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
 
@@ -19,22 +19,17 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
 
 plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every
 value must be loadable by ``torch.load(weights_only=True)``: tensors, str, int, float, bool, None and
-lists/tuples/dicts of them. :func:`save_checkpoint` checks this before writing so a bad value (an Enum,
-a Path) fails at save time naming its key, not at resume time.
+lists/tuples/dicts of them. :func:`check_plain` checks this before a write so a bad value (an Enum, a Path) fails
+at save time naming its key, not at resume time.
 
-Also here, because they decide what a checkpoint is used for: the layout of a run directory
-(:class:`RunDir`, the one place its file names are spelled) and which weights a finished run keeps
-(:func:`choose_final_weights`). Whether a config may resume a checkpoint is :mod:`transformer.resume`.
+Also here: the layout of a run directory (:class:`RunDir`, the one place its file names are spelled). Writing,
+rotating and averaging checkpoints is :mod:`transformer.training.checkpoints`; whether a config may resume one is
+:mod:`transformer.training.resume`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import re
-import shutil
-import tempfile
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,12 +45,10 @@ TRAINER_KEYS = frozenset({
 OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds", "epoch_steps",
                                    "schedule_steps", "time_limit"})
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
-_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU
 LAST_FILE = "last.pt"  # the newest checkpoint: what a resume continues from
 FINAL_FILE = "final.pt"  # the model the test score belongs to: best, or the average of the last N
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -124,30 +117,6 @@ def check_plain(value: object, key: str = "state") -> None:
     )
 
 
-def save_checkpoint(state: dict, path: str | Path) -> None:
-    """Write ``state`` (plus ``version``) to ``path`` atomically.
-
-    The data goes to a temporary file in the same directory, is flushed and fsynced, and then renamed over
-    ``path`` with ``os.replace``; a crash at any point leaves either the old file or the new one, never a
-    torn file, and the temporary file is removed on error.
-    """
-    path = Path(path)
-    state = {**state, "version": CHECKPOINT_VERSION}
-    check_plain(state)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> dict:
     """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(weights_only=True)`` (``mmap``: its
     tensors mapped from the file, read only when used).
@@ -177,215 +146,3 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return state
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _link_atomically(source: Path, target: Path) -> None:
-    """Make ``target`` hold the same bytes as ``source``: hard link (no copy) or copy, then rename."""
-    tmp = target.with_name(f".{target.name}.link.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        try:
-            os.link(source, tmp)
-        except OSError:  # file systems without hard links
-            shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-class CheckpointManager:
-    """Checkpoint files of one run's ``checkpoints/`` folder: ``last.pt``, ``best.pt`` and rotated ``step_{N}.pt``.
-
-    ``save`` writes ``step_{N}.pt`` once and points ``last.pt`` (and ``best.pt`` when ``is_best``) at the
-    same bytes via hard links, so a save costs one write. Only the newest ``keep_last`` step files are kept.
-    """
-
-    def __init__(self, directory: str | Path, keep_last: int) -> None:
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        self.directory = Path(directory)
-        self.keep_last = keep_last
-
-    @property
-    def last_path(self) -> Path:
-        return self.directory / LAST_FILE
-
-    @property
-    def best_path(self) -> Path:
-        return self.directory / BEST_FILE
-
-    def save(self, state: dict, step: int, *, is_best: bool, periodic: bool = True) -> Path:
-        """Write ``state`` as the latest checkpoint; return the path written.
-
-        Args:
-            state: the checkpoint dict.
-            step: completed optimizer steps (names the rotated file).
-            is_best: also make it ``best.pt``.
-            periodic: keep a ``step_{N}.pt`` copy in the rotation (False: only ``last.pt``/``best.pt``).
-        """
-        if periodic:
-            written = self.directory / f"step_{step}.pt"
-            save_checkpoint(state, written)
-            _link_atomically(written, self.last_path)
-            self._rotate()
-        else:
-            written = self.last_path
-            save_checkpoint(state, written)
-        if is_best:
-            _link_atomically(written, self.best_path)
-        _fsync_directory(self.directory)
-        return written
-
-    def step_paths(self) -> list[Path]:
-        """The rotated ``step_{N}.pt`` files, oldest first."""
-        if not self.directory.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_FILE.match(p.name))]
-        return [p for _, p in sorted(found)]
-
-    def recent(self, n: int) -> list[Path]:
-        """The newest ``n`` rotated step files, oldest first (fewer if fewer exist; keep_last caps them)."""
-        if n < 1:
-            raise ValueError(f"recent() needs n >= 1, got {n}")
-        return self.step_paths()[-n:]
-
-    def latest(self) -> Path | None:
-        """``last.pt`` if it exists."""
-        return self.last_path if self.last_path.is_file() else None
-
-    def mark_best(self, path: Path) -> None:
-        """Make ``best.pt`` the checkpoint ``path`` (one of this folder's)."""
-        _link_atomically(path, self.best_path)
-        _fsync_directory(self.directory)
-
-    def mark_last(self, path: Path) -> None:
-        """Make ``last.pt`` the checkpoint ``path`` (one of this folder's)."""
-        _link_atomically(path, self.last_path)
-        _fsync_directory(self.directory)
-
-    def set_aside_after(self, step: int) -> Path | None:
-        """Move every checkpoint of a step after ``step`` (rotated, ``last.pt``, ``best.pt``, ``final.pt``) into
-        ``abandoned_after_step_{step}/``: what resuming from an earlier checkpoint than the run's last does, so
-        that rotation, averaging and ``best.pt`` see the resumed history only. Nothing is deleted. Returns the
-        folder, or None when no checkpoint is newer than ``step``."""
-        later = [path for path in self.step_paths() if int(_STEP_FILE.match(path.name).group(1)) > step]
-        for name in (LAST_FILE, BEST_FILE, FINAL_FILE):
-            path = self.directory / name
-            if not path.is_file():
-                continue
-            try:
-                if int(load_checkpoint(path, mmap=True)["step"]) > step:
-                    later.append(path)
-            except CheckpointError as error:  # e.g. a torn last.pt: kept, with the history it may belong to
-                log.warning("%s; set aside with the checkpoints after step %d", error, step)
-                later.append(path)
-        if not later:
-            return None
-        folder = self.directory / f"abandoned_after_step_{step}"
-        n = 1
-        while folder.exists():  # an earlier resume from the same step abandoned another history
-            n += 1
-            folder = self.directory / f"abandoned_after_step_{step}.{n}"
-        folder.mkdir()
-        for path in later:
-            os.replace(path, folder / path.name)
-        _fsync_directory(self.directory)
-        return folder
-
-    def _rotate(self) -> None:
-        paths = self.step_paths()
-        for stale in paths[: max(len(paths) - self.keep_last, 0)]:
-            stale.unlink(missing_ok=True)
-
-
-def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the ``model`` state dicts of several checkpoints.
-
-    Floating-point tensors are averaged (accumulated in float64, returned in their own dtype); other
-    tensors (integer buffers) are taken from the last checkpoint. All checkpoints must hold the same keys
-    and shapes.
-    """
-    if not paths:
-        raise ValueError("average_checkpoints needs at least one checkpoint path")
-    total: dict[str, torch.Tensor] = {}
-    reference: dict[str, torch.Tensor] = {}
-    first = Path(paths[0])
-    for path in paths:
-        model = load_checkpoint(path)["model"]
-        if reference and model.keys() != reference.keys():
-            differing = sorted(set(model) ^ set(reference))
-            raise CheckpointError(f"{path}: parameters differ from {first}: {differing[:5]}")
-        for key, tensor in model.items():
-            if reference and tensor.shape != reference[key].shape:
-                raise CheckpointError(
-                    f"{path}: {key} has shape {tuple(tensor.shape)}, {first} has {tuple(reference[key].shape)}"
-                )
-            if tensor.is_floating_point():
-                total[key] = total[key] + tensor.double() if key in total else tensor.double()
-        reference = model
-    return {
-        key: (total[key] / len(paths)).to(tensor.dtype) if tensor.is_floating_point() else tensor
-        for key, tensor in reference.items()
-    }
-
-
-def save_model(weights: dict[str, torch.Tensor], like: dict, path: str | Path, source: str | None = None) -> None:
-    """Write model weights with the metadata of checkpoint ``like`` (config, model config, tokenizers, step)
-    but no training state: what ``final.pt`` and ``transformer-average`` write; ``source`` says where the
-    weights came from."""
-    state = {key: like[key] for key in ("config", "model_config", "tokenizers", "step") if key in like}
-    save_checkpoint({**state, "model": weights, **({"source": source} if source is not None else {})}, path)
-
-
-# --------------------------------------------------------------------------------------------------
-# The weights a finished run keeps
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class FinalWeights:
-    """The weights chosen for the final model, where they came from and their validation BLEU."""
-
-    weights: dict[str, torch.Tensor]
-    source: str  # "best (step N)" or "average of the last K checkpoints"
-    valid_bleu: float
-
-
-def choose_final_weights(folder: str | Path, average_last: int,
-                         validate: Callable[[dict[str, torch.Tensor]], float]) -> FinalWeights:
-    """``best.pt``, or the average of the newest ``average_last`` step checkpoints when that validates higher.
-
-    Averaging the last checkpoints usually gains a little BLEU (Vaswani et al., 2017, §6.1), but not on
-    every run, so it is kept only when its validation BLEU beats the best checkpoint's (ties: best). Both are
-    scored by ``validate``, not by the BLEU that made ``best.pt`` best: that one comes from greedy decoding during
-    training, and its highest epoch is often a noisy peak that the search the test set is decoded with does not
-    confirm (docs/RESULTS.md).
-
-    Args:
-        folder: a run's ``checkpoints/`` folder.
-        average_last: ``training.average_last`` (0 or 1: best only).
-        validate: state dict -> validation BLEU; called on the best and then on the averaged weights, so the
-            returned ``valid_bleu`` is always ``validate``'s.
-    """
-    best = load_checkpoint(Path(folder) / BEST_FILE, map_location="cpu")
-    chosen = FinalWeights(best["model"], f"best (step {best['step']})", float(validate(best["model"])))
-    paths = CheckpointManager(folder, keep_last=max(average_last, 1)).recent(average_last) if average_last > 1 else []
-    if len(paths) < 2:
-        return chosen
-    weights = average_checkpoints(paths)
-    averaged = FinalWeights(weights, f"average of the last {len(paths)} checkpoints", float(validate(weights)))
-    log.info("validation BLEU: best checkpoint %.2f, %s %.2f", chosen.valid_bleu, averaged.source, averaged.valid_bleu)
-    return averaged if averaged.valid_bleu > chosen.valid_bleu else chosen

@@ -148,7 +148,7 @@ class DataConfig:
     max_len: int = 128  # drop training pairs with more tokens than this on either side
     max_len_ratio: float = 3.0  # drop training pairs whose token-length ratio exceeds this
     # Tokenizers and the encoded training split are cached here (relative to the working directory),
-    # keyed by the corpus files, settings and tokenizers; see transformer/corpus_cache.py.
+    # keyed by the corpus files, settings and tokenizers; see transformer/data/cache.py.
     cache_dir: str = "data/cache"
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
 
@@ -269,7 +269,7 @@ class TrainingConfig:
     min_lr: float = 0.0  # floor for the cosine schedule
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-9
-    weight_decay: float = 0.05  # AdamW's decoupled decay; not on biases, norms or embeddings (transformer/optim.py)
+    weight_decay: float = 0.05  # AdamW's decoupled decay; not on biases, norms or embeddings (transformer/training/optim.py)
     label_smoothing: float = 0.1
     # R-Drop (Liang et al., 2021): > 0 runs each batch twice with independent dropout and adds the two predictions'
     # symmetric KL divergence, weighted as the paper's alpha (5 in its translation runs); twice the compute and
@@ -280,7 +280,7 @@ class TrainingConfig:
     precision: Precision = Precision.auto
     compile: bool = False
     # CUDA only: replay the whole step (forward, backward, clipping, AdamW) from one recorded CUDA graph per batch
-    # shape, batches filled to a fixed shape per padded length (transformer/cuda_graphs.py); one process, accumulate 1.
+    # shape, batches filled to a fixed shape per padded length (transformer/training/cuda_graphs.py); one process, accumulate 1.
     # None: on where it can run (one CUDA process, accumulate 1, not compiled), off elsewhere (runtime.resolve_training)
     cuda_graphs: Optional[bool] = None
     threads: Optional[int] = None  # torch intra-op threads on CPU (None: torch's default)
@@ -354,7 +354,7 @@ class EvalConfig:
     batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
     use_cache: bool = True
     # Also report BLEU in the Multi30k papers' flavour (lowercased, Moses-normalised and -tokenised; see
-    # transformer/metrics.py) next to the cased sacreBLEU, which stays the headline.
+    # transformer/inference/metrics.py) next to the cased sacreBLEU, which stays the headline.
     report_tokenized_bleu: bool = True
 
     def __post_init__(self) -> None:
@@ -384,6 +384,41 @@ class AttentionDumpConfig:
         check(all(i >= 0 for i in self.indices), "attention.indices", f"must be >= 0, got {list(self.indices)}")
         for i, text in enumerate(self.texts):
             check(bool(text.strip()), f"attention.texts[{i}]", "is empty: there is nothing to draw attention for")
+
+
+@dataclass
+class TrainConfig:
+    """A training run (``transformer-train``'s root): what every checkpoint stores to rebuild its model and data."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/train"  # train.yaml sets it to Hydra's run directory
+    resume: Optional[str] = None  # a run directory or a checkpoint file to continue from
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+
+    def __post_init__(self) -> None:
+        if self.model.share_embeddings:
+            check(self.data.tokenizer.joint, "model.share_embeddings",
+                  "needs one joint vocabulary (data.tokenizer.joint=true)")
+        multiple = self.training.pad_to_multiple or 8  # unset: 8 on a GPU, the larger default
+        longest = -(-(self.data.max_len + 1) // multiple) * multiple  # BOS or EOS added, rounded up to the multiple
+        check(longest <= self.model.max_positions, "model.max_positions",
+              f"is {self.model.max_positions}, but training batches can be {longest} positions long "
+              f"(data.max_len={self.data.max_len}, + 1 for BOS/EOS, padded to a multiple of {multiple}); raise "
+              "model.max_positions or lower data.max_len")
+        if self.training.bpe_dropout > 0:
+            tokenizer = self.data.tokenizer
+            check(tokenizer.kind is TokenizerKind.sentencepiece and tokenizer.model_type is SentencePieceModel.bpe,
+                  "training.bpe_dropout", "needs SentencePiece BPE tokenizers (data.tokenizer.kind=sentencepiece, "
+                  f"data.tokenizer.model_type=bpe); this run has {tokenizer.kind.value}"
+                  + (f" ({tokenizer.model_type.value})" if tokenizer.kind is TokenizerKind.sentencepiece else ""))
+        model = self.model
+        check(self.training.r_drop == 0 or max(model.dropout, model.attention_dropout, model.hidden_dropout) > 0,
+              "training.r_drop", "needs dropout (model.dropout, model.attention_dropout or model.activation_dropout "
+              "> 0): without it both passes agree, and the step would cost twice as much for nothing")
+
 
 
 def to_plain_dict(cfg: Any) -> dict[str, Any]:

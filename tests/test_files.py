@@ -1,0 +1,59 @@
+"""Atomic writes: a file is replaced whole or left as it was, and no temporary file outlives an error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from transformer import files
+
+
+def test_a_write_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text("old")
+    files.write_text(path, "new ünïcode\n")
+    assert path.read_text(encoding="utf-8") == "new ünïcode\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_an_error_mid_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"old bytes")
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        with files.atomic_write(path) as handle:
+            handle.write(b"half of the new")
+            raise RuntimeError("disk on fire")
+    assert path.read_bytes() == b"old bytes"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.bin"]
+
+
+def test_a_failed_rename_leaves_no_temporary(tmp_path, monkeypatch):
+    def full(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("transformer.files.os.replace", full)
+    with pytest.raises(OSError, match="No space left"):
+        files.write_json(tmp_path / "metrics.json", {"bleu": 1.0})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_json_round_trips(tmp_path):
+    value = {"bleu": 39.6, "splits": ["val", "test"], "nested": {"n": 3}}
+    files.write_json(tmp_path / "m.json", value)
+    assert json.loads((tmp_path / "m.json").read_text()) == value
+
+
+def test_a_missing_folder_is_an_error_not_created(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        files.write_text(tmp_path / "missing" / "out.txt", "x")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_link_atomically_makes_the_target_hold_the_sources_bytes(tmp_path):
+    source, target = tmp_path / "step_5.pt", tmp_path / "last.pt"
+    source.write_bytes(b"step five")
+    target.write_bytes(b"step four")
+    files.link_atomically(source, target)
+    assert target.read_bytes() == b"step five"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_5.pt"]

@@ -1,0 +1,191 @@
+"""Console entry points (``transformer-train`` & co.): compose the Hydra config, convert it once to typed
+dataclasses, call one ``pipeline`` function, and turn expected failures into a one-line message.
+
+The config root is the repository's ``configs/`` folder when the package runs from a source tree (an editable
+install, or ``PYTHONPATH``), else the copy of it that a wheel installs inside the package (``transformer/configs``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from transformer.app.schemas import register_configs
+
+log = logging.getLogger(__name__)
+
+
+
+def config_root() -> Path:
+    """The folder of the YAML configs: the source tree's ``configs/``, else the wheel's packaged copy."""
+    package = Path(__file__).resolve().parents[1]
+    source_tree = package.parent
+    if (source_tree / "configs" / "train.yaml").is_file() and (source_tree / "pyproject.toml").is_file():
+        return source_tree / "configs"
+    return package / "configs"
+
+
+# An absolute path: Hydra would otherwise look for a Python package named ``configs``.
+CONFIG_PATH = str(config_root())
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Failures that deserve a clear message rather than a traceback."""
+    from hydra.errors import HydraException  # e.g. composing a resumed run's recipe that no longer composes
+    from omegaconf.errors import OmegaConfBaseException  # e.g. an interpolation ${...} that does not resolve
+
+    from transformer.checkpoint import CheckpointError
+    from transformer.config import ConfigError
+    from transformer.data.corpus import DataError
+    from transformer.data.tokenizer import TokenizerError
+    from transformer.training.glove import GloveError
+    from transformer.training.step_window import TrainingDiverged
+
+    return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError,
+            HydraException, OmegaConfBaseException)
+
+
+def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) -> Any:
+    """``command`` on the typed config (``typed=False``: on ``cfg`` as it is), a user error as one logged line."""
+    try:
+        return command(OmegaConf.to_object(cfg) if typed else cfg)  # to_object runs every __post_init__ check
+    except _user_errors() as error:
+        log.error("%s", error)  # to the console and, for runs with a directory, to its log file
+        sys.exit(1)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
+        log.error("%s", interrupt or "interrupted")
+        sys.exit(130)
+
+
+def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:
+    """Command-line overrides ``earlier``, then ``now``; where both set the same key or group (in the same
+    package), ``now``'s alone. Hydra's own settings and ``resume`` are left out of both: not part of a recipe."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    earlier_parsed, now_parsed = parser.parse_overrides(earlier), parser.parse_overrides(now)
+    given = {(o.key_or_group, o.package) for o in now_parsed}
+    kept = [o for o in earlier_parsed if (o.key_or_group, o.package) not in given] + now_parsed
+    return [o.input_line for o in kept if o.key_or_group != "resume" and not o.key_or_group.startswith("hydra")]
+
+
+def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
+    """This command's config and the run's recipe: the command-line overrides that define a run, kept in its
+    checkpoints. A new run's recipe is this command's overrides. With ``resume=RUN`` it is RUN's recipe with this
+    command's overrides on top, and the config is composed from it anew, so a run of any recipe continues with
+    just ``resume=RUN`` (plus whatever should change, e.g. ``training.max_epochs``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from transformer.training.resume import saved_recipe
+
+    now = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed: ${...} kept
+    if cfg.resume is None:
+        return cfg, merge_overrides([], now)
+    earlier = saved_recipe(cfg.resume)
+    if earlier is None:
+        log.warning("%s: no recipe kept with this run; resuming with this command's config alone", cfg.resume)
+        return cfg, merge_overrides([], now)
+    recipe = merge_overrides(earlier, now)
+    log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
+    resume = [o for o in now if o.split("=", 1)[0].lstrip("+") == "resume"]
+    return hydra.compose(config_name="train", overrides=recipe + resume), recipe
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
+def _train(cfg: DictConfig) -> float | None:
+    from transformer.app import pipeline
+    def train(cfg: DictConfig) -> dict:
+        cfg, recipe = _with_recipe(cfg)
+        return pipeline.train(OmegaConf.to_object(cfg), recipe)
+
+    metrics = _run(train, cfg, typed=False)
+    return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="evaluate", version_base="1.3")
+def _evaluate(cfg: DictConfig) -> None:
+    from transformer.app import pipeline
+    _run(pipeline.evaluate, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="translate", version_base="1.3")
+def _translate(cfg: DictConfig) -> None:
+    from transformer.app import pipeline
+    _run(pipeline.translate, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="diversify", version_base="1.3")
+def _diversify(cfg: DictConfig) -> None:
+    from transformer.app import diversify
+    _run(diversify.run, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="prepare_data", version_base="1.3")
+def _prepare_data(cfg: DictConfig) -> None:
+    from transformer.app import pipeline
+    _run(pipeline.prepare_data, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="benchmark", version_base="1.3")
+def _benchmark(cfg: DictConfig) -> None:
+    from transformer.app import benchmark
+    _run(benchmark.run, cfg)
+
+
+def _setup() -> None:
+    """Register the config schemas; make Ctrl-C stop a command that a script started in the background.
+
+    Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
+    process group, and the scripts wait for their runs to stop: so SIGINT raises KeyboardInterrupt here too, from
+    the start (training itself first finishes its step and saves: ``runtime.defer_sigint``).
+    """
+    register_configs()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def train_main() -> None:
+    _setup()
+    _train()
+
+
+def evaluate_main() -> None:
+    _setup()
+    _evaluate()
+
+
+def translate_main() -> None:
+    _setup()
+    _translate()
+
+
+def diversify_main() -> None:
+    _setup()
+    _diversify()
+
+
+def prepare_data_main() -> None:
+    _setup()
+    _prepare_data()
+
+
+def benchmark_main() -> None:
+    _setup()
+    _benchmark()
+
+
+def average_main() -> None:
+    """``transformer-average OUT.pt IN1.pt IN2.pt ...``: average model weights of checkpoints."""
+    from transformer.app import pipeline
+    if len(sys.argv) < 4:
+        sys.exit("usage: transformer-average OUT.pt IN1.pt IN2.pt [...]")
+    try:
+        pipeline.average(sys.argv[2:], sys.argv[1])
+    except _user_errors() as error:
+        sys.exit(f"transformer-average: {error}")

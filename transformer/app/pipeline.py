@@ -1,0 +1,407 @@
+"""The application: the only module that reads a root config.
+
+It wires data → tokenizers → model → trainer → evaluation and exposes one function per command:
+``train``, ``evaluate``, ``translate``, ``prepare_data``, ``average``. Everything it calls takes the
+narrowest typed piece of the config (``ModelConfig`` to ``build_model``, ``TrainingConfig`` to the
+``Trainer``) or plain arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from transformer import checkpoint as ckpt
+from transformer import files
+from transformer.app.schemas import EvaluateConfig, PrepareDataConfig, TranslateConfig
+from transformer.config import ConfigError, ModelConfig, TrainConfig, flatten, from_plain_dict, to_plain_dict
+from transformer.data import cache as corpus_cache
+from transformer.data.batching import Batch, TokenBucketSampler, collate_arrays
+from transformer.data.corpus import TranslationDataset, read_parallel
+from transformer.data.splits import corpus_paths, load_split
+from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSampler
+from transformer.data.tokenizer import Tokenizer, tokenizer_from_state
+from transformer.inference.attention_maps import dump_attention
+from transformer.inference.loading import TrainedModel, check_same_vocabularies, load_model, load_trained
+from transformer.inference.metrics import Scores
+from transformer.inference.translation import format_scores, score_texts
+from transformer.inference.translation import translate as translate_texts
+from transformer.model.transformer import Transformer, build_model
+from transformer.runtime import (
+    choose_device,
+    configure_threads,
+    resolve_training,
+    seed_everything,
+    set_deterministic,
+)
+from transformer.tracking import Tracker
+from transformer.training import glove
+from transformer.training.checkpoints import CheckpointManager, average_checkpoints, choose_final_weights, save_model
+from transformer.training.distributed import DistContext, broadcast_object, cleanup, init_distributed
+from transformer.training.optim import build_optimizer
+from transformer.training.resume import abandon_later_history, check_training_split, load_for_resume
+from transformer.training.trainer import Trainer
+from transformer.training.validation import make_validator
+
+log = logging.getLogger(__name__)
+_LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job-log format
+
+
+# --------------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------------
+
+
+def prepare_data(cfg: PrepareDataConfig) -> None:
+    """Make the configured corpus ready: check every split, then build the tokenizers and the encoded
+    training split in ``data.cache_dir`` (progress bars on a terminal), so training starts from the cache."""
+    data = cfg.data
+    for split in (data.valid_split, data.test_split):
+        src_path, tgt_path = corpus_paths(data, split)
+        src, _ = read_parallel(src_path, tgt_path)
+        log.info("%s: %d pairs (%s, %s)", split, len(src), src_path, tgt_path)
+    src_tok, tgt_tok, train_set = corpus_cache.load_or_build(data, progress=True)
+    log.info("%s: %d pairs after cleaning, %d + %d tokens; vocabularies %d / %d", data.train_split, len(train_set),
+             len(train_set.src_tokens), len(train_set.tgt_tokens), src_tok.vocab_size, tgt_tok.vocab_size)
+
+
+def build_training_data(cfg: TrainConfig, dist: DistContext,
+                        saved_tokenizers: dict[str, Any] | None = None
+                        ) -> tuple[Tokenizer, Tokenizer, TranslationDataset]:
+    """The tokenizers (a resumed run's ``saved_tokenizers``, else cached or trained) and the cleaned,
+    encoded training split memory-mapped from ``data.cache_dir``.
+
+    Rank 0 builds whatever the cache lacks while the other ranks wait; then every rank maps the same
+    read-only files, so the corpus occupies the page cache once per machine.
+    """
+    tokenizers = None
+    if saved_tokenizers is not None:
+        tokenizers = tokenizer_from_state(saved_tokenizers["src"]), tokenizer_from_state(saved_tokenizers["tgt"])
+    if dist.is_main:
+        prepared = corpus_cache.load_or_build(cfg.data, tokenizers, progress=cfg.training.progress_bar)
+    dist.barrier()
+    if not dist.is_main:
+        prepared = corpus_cache.load_or_build(cfg.data, tokenizers)
+    return prepared
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+
+
+def _start_run(cfg: TrainConfig, dist: DistContext) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
+    """Checks before any work, then the checkpoint to resume (checked against ``cfg``; None for a new run)
+    and the run directory to write into: ``output_dir``, or the resumed run's own directory (whose checkpoints
+    of later steps are moved aside when an earlier one is resumed)."""
+    configure_threads(cfg.training.threads)
+    set_deterministic(cfg.training.deterministic)
+    seed_everything(cfg.training.seed)
+    glove.check_dimension(cfg.model.glove, cfg.model.d_model)
+    if cfg.resume is None:
+        resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
+        if run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):
+            raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
+                              f"overwrite; continue it with resume={run.root}, or train into another directory "
+                              "(output_dir=... or hydra.run.dir=...)")
+    else:
+        resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
+        checkpoints = CheckpointManager(run.checkpoints, cfg.training.keep_last)
+        if broadcast_object(abandon_later_history(checkpoints, resumed, path) if dist.is_main else None):
+            resumed.update(best_bleu=None, best_step=None, bad_validations=0, last_valid_step=None)
+    run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
+    run.root.mkdir(parents=True, exist_ok=True)
+    return resumed, run
+
+
+@contextmanager
+def _log_into(path: Path | None) -> Iterator[None]:
+    """Also append the log to ``path`` meanwhile (None, or a file the log already goes to: nothing to add).
+
+    A resumed run writes its checkpoints into the original run directory, so its log continues that run's
+    ``train.log`` there too; Hydra's directory for this invocation keeps its own copy.
+    """
+    root = logging.getLogger()
+    files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    if path is None or any(Path(h.baseFilename) == path.absolute() for h in files):
+        yield
+        return
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(files[0].formatter if files else logging.Formatter(_LOG_FORMAT))
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
+    """Train on the configured corpus, validate as configured, then score the final model on the test set.
+
+    ``recipe``: the command-line overrides that made ``cfg`` (``transformer-train`` passes them), kept in the
+    checkpoints so that ``resume=RUN`` can compose the same config. Returns the metrics also written to
+    ``metrics.json`` in the run directory.
+    """
+    dist = init_distributed(choose_device(cfg.device))
+    cfg = replace(cfg, training=resolve_training(cfg.training, dist.device, dist.world_size))  # as recorded
+    try:
+        resumed, run = _start_run(cfg, dist)
+        with _log_into(run.log_file if resumed is not None and dist.is_main else None):
+            metrics = _train(cfg, dist, resumed, run, recipe)
+        dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
+        return metrics
+    finally:
+        cleanup()
+
+
+def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, run: ckpt.RunDir,
+           recipe: list[str] | None) -> dict[str, Any]:
+    if resumed is not None:
+        log.info("resuming the run in %s at step %d; its log and checkpoints continue there", run.root, resumed["step"])
+    src_tok, tgt_tok, train_set = build_training_data(cfg, dist,
+                                                      resumed["tokenizers"] if resumed else None)
+    valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
+    load_split(cfg.data, cfg.data.test_split)  # a missing or broken test split stops the run now, not after training
+
+    seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
+    model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
+    if resumed is None:
+        glove.init_model_embeddings(model, cfg.model.glove, src_tok, tgt_tok, train_set)
+    else:  # the checkpoint holds the GloVe-initialised weights; only what it froze must be frozen again
+        glove.refreeze_model_embeddings(model, from_plain_dict(ModelConfig, resumed["model_config"]).glove)
+    model.to(dist.device)
+    log.info("model: %.2fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+
+    tracker = Tracker(run.tensorboard, enabled=dist.is_main)
+    validate = make_validator(valid_src, valid_ref, src_tok, tgt_tok, training=cfg.training, eval_cfg=cfg.eval,
+                              max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
+    trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
+    if resumed is not None:
+        check_training_split(resumed, len(train_set), cfg.data)
+        trainer.load_state(resumed)
+    result = trainer.fit()
+    metrics: dict[str, Any] = {"train": asdict(result)}
+    if dist.is_main:
+        metrics.update(_final_evaluation(cfg, run, model, src_tok, tgt_tok, dist.device, tracker,
+                                         valid_src, valid_ref, result.steps))
+        _write_json(run.metrics, metrics)
+        tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
+    tracker.close()
+    return metrics
+
+
+def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                  train_set: TranslationDataset, dist: DistContext, tracker: Tracker, run_dir: Path,
+                  validate: Callable[[torch.nn.Module, int], dict[str, float]],
+                  recipe: list[str] | None = None) -> Trainer:
+    """The trainer with its sampler (this rank's shard), collate function, optimizer and checkpoints; with
+    ``training.bpe_dropout``, the sampler re-segments the pairs every epoch and collation reads its epoch's."""
+    multiple = cfg.training.pad_to_multiple
+
+    def bucket_sampler(pairs: TranslationDataset) -> TokenBucketSampler:
+        return TokenBucketSampler(pairs.src_lengths, pairs.tgt_lengths, cfg.training.max_tokens,
+                                  seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size,
+                                  pad_to_multiple=multiple)
+
+    sampler: TokenBucketSampler | ResegmentingSampler
+    if cfg.training.bpe_dropout > 0:
+        corpus = ResegmentedCorpus(train_set, src_tok, tgt_tok, cfg.training.bpe_dropout,  # type: ignore[arg-type]
+                                   seed=cfg.training.seed, max_len=cfg.data.max_len)
+        sampler = ResegmentingSampler(corpus, bucket_sampler)
+    else:
+        sampler = bucket_sampler(train_set)
+    specials = dict(pad_id=src_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_to_multiple=multiple,
+                    fill_to_tokens=cfg.training.max_tokens if cfg.training.cuda_graphs else None)
+
+    def collate_fn(indices: list[int]) -> Batch:
+        pairs = sampler.dataset if isinstance(sampler, ResegmentingSampler) else train_set
+        return collate_arrays(pairs, indices, **specials)
+
+    return Trainer(
+        model, build_optimizer(model, cfg.training), cfg.training,
+        dataset=train_set, sampler=sampler, collate_fn=collate_fn,
+        device=dist.device, dist=dist, tracker=tracker,
+        checkpoints=CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
+        validate=validate, extra_state={**_extra_state(cfg, src_tok, tgt_tok, recipe), "train_pairs": len(train_set)},
+    )
+
+
+def _extra_state(cfg: TrainConfig, src_tok: Tokenizer, tgt_tok: Tokenizer,
+                 recipe: list[str] | None) -> dict[str, Any]:
+    """What every checkpoint carries besides the training state: enough to rebuild model and tokenizers, and
+    the recipe (command-line overrides) to compose the run's config again."""
+    state = {
+        "config": to_plain_dict(cfg),
+        "model_config": to_plain_dict(cfg.model),
+        "tokenizers": {"src": src_tok.state_dict(), "tgt": tgt_tok.state_dict()},
+    }
+    return state if recipe is None else {**state, "recipe": list(recipe)}
+
+
+def _hparams(cfg: TrainConfig) -> dict[str, Any]:
+    flat = flatten(to_plain_dict(cfg.model), "model.")
+    flat.update({f"training.{k}": v for k, v in to_plain_dict(cfg.training).items() if not isinstance(v, list)})
+    return {k: v for k, v in flat.items() if v is not None}
+
+
+def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, src_tok: Tokenizer,
+                      tgt_tok: Tokenizer, device: torch.device, tracker: Tracker,
+                      valid_src: list[str], valid_ref: list[str], step: int) -> dict[str, Any]:
+    """Choose the final weights, save them as final.pt (with tokenizers and config), score them on the test set.
+
+    The candidates (the best checkpoint, the average of the last ones) are compared by their validation BLEU under
+    the search the test set is decoded with (``cfg.eval``), on the sentences validation translates."""
+    n_valid = cfg.training.valid_max_sentences or len(valid_src)
+
+    def validate_weights(weights: dict[str, torch.Tensor]) -> float:
+        model.load_state_dict(weights)
+        scores, _ = score_texts(model, valid_src[:n_valid], valid_ref[:n_valid], src_tok, tgt_tok, cfg.eval, device,
+                                cfg.data.tgt, progress=cfg.training.progress_bar)
+        return scores.bleu
+
+    final = choose_final_weights(run.checkpoints, cfg.training.average_last, validate_weights)
+    model.load_state_dict(final.weights)
+    save_model(final.weights, ckpt.load_checkpoint(run.last, map_location="cpu"), run.final, source=final.source)
+
+    test_src, test_ref = load_split(cfg.data, cfg.data.test_split)
+    scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device, cfg.data.tgt)
+    run.test_hypotheses.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    tracker.scalars(_test_scalars(scores), step=step)
+    log.info("test (%s, %s): %s", cfg.data.test_split, final.source, format_scores(scores))
+    return {
+        "valid_bleu": final.valid_bleu, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
+        "test_tokenized_bleu": scores.tokenized_bleu,
+        "test": asdict(scores), "final_weights": final.source,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation, translation, averaging
+# --------------------------------------------------------------------------------------------------
+
+
+def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
+    """Score a trained model on its test split (or another split, or given files) and dump the requested attention
+    maps."""
+    device = choose_device(cfg.device)
+    trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
+    data = trained.config.data
+    if cfg.src_file is not None:
+        src, refs = read_parallel(cfg.src_file, cfg.ref_file)
+        name = Path(cfg.src_file).name
+    else:
+        split = cfg.split or data.test_split
+        src, refs = load_split(data, split)
+        name = f"{split}.{data.src}-{data.tgt}"
+    if cfg.longer_than is not None:
+        src, refs = _longer_than(src, refs, trained, cfg.longer_than)
+        name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
+    scores, hypotheses = score_texts(trained.model, src, refs, trained.src_tok, trained.tgt_tok, cfg.eval, device,
+                                     data.tgt)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    metrics = {"checkpoint": str(trained.path), "test_set": name, **asdict(scores), "eval": to_plain_dict(cfg.eval)}
+    if trained.ensemble_paths:
+        metrics["ensemble"] = [str(path) for path in trained.ensemble_paths]
+    _write_json(out / "metrics.json", metrics)
+    tracker = Tracker(out / "tensorboard", enabled=True)
+    tracker.scalars(_test_scalars(scores), step=0)
+    dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
+    tracker.close()
+    print(f"{name}: {format_scores(scores)}")
+    return metrics
+
+
+def _longer_than(src: list[str], refs: list[str], trained: TrainedModel, n_tokens: int) -> tuple[list[str], list[str]]:
+    """The pairs whose source or reference has more than ``n_tokens`` tokens in the model's tokenizers."""
+    src_lengths = [len(ids) for ids in trained.src_tok.encode_batch(src)]
+    ref_lengths = [len(ids) for ids in trained.tgt_tok.encode_batch(refs)]
+    kept = [i for i, (s, r) in enumerate(zip(src_lengths, ref_lengths)) if max(s, r) > n_tokens]
+    if not kept:
+        raise ConfigError(f"longer_than: no test pair has more than {n_tokens} tokens on a side")
+    return [src[i] for i in kept], [refs[i] for i in kept]
+
+
+def translate(cfg: TranslateConfig) -> None:
+    """Translate lines from a file or stdin; one output line per input line (n-best joined by tabs)."""
+    device = choose_device(cfg.device)
+    if cfg.output is not None:
+        _check_output_file(cfg.output, cfg.input)  # before the work, not after it
+    trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
+    lines = _read_input(cfg.input)
+    nbest = translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
+                            trained.model.max_positions, progress=True)
+    text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
+    if cfg.output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        files.write_text(cfg.output, text)  # a crash while writing leaves any earlier file as it was
+
+
+def _check_output_file(path: str, input_path: str | None) -> None:
+    target = Path(path)
+    if input_path is not None and target.resolve() == Path(input_path).resolve():
+        raise ConfigError(f"output: {path} is the input file; the translations would replace the sentences, so "
+                          "choose another file")
+    if target.is_dir():
+        raise ConfigError(f"output: {path} is a directory; give a file name")
+    if not target.parent.is_dir():
+        raise ConfigError(f"output: the directory {target.parent} does not exist; create it or choose another file")
+
+
+def _read_input(path: str | None) -> list[str]:
+    """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
+    in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline."""
+    name = "stdin" if path is None else path
+    try:
+        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ConfigError(f"input: {path} is a directory; give a text file with one sentence per line") from None
+    except FileNotFoundError:
+        raise ConfigError(f"input: {path} not found") from None
+    rows = data.split(b"\n")
+    if rows[-1] == b"":
+        rows.pop()  # the newline that ends the last line
+    lines = []
+    for number, row in enumerate(rows, start=1):
+        try:
+            lines.append(row.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"input: {name}:{number} is not valid UTF-8 ({error.reason} at byte {error.start})") \
+                from None
+    return lines
+
+
+def average(paths: list[str], out: str) -> None:
+    """Average the model weights of several checkpoints of one run into a new checkpoint file ``out``; refuses to
+    overwrite a file (the first argument is the output, so a forgotten one would replace an input) and checkpoints
+    of another language pair or other tokenizers."""
+    if Path(out).exists():
+        raise ConfigError(f"{out} exists; the first argument names the new file the average is written to "
+                          "(transformer-average OUT.pt IN1.pt IN2.pt ...), so choose a new name")
+    check_same_vocabularies([load_trained(path, torch.device("cpu")) for path in paths], "averaged checkpoints")
+    first = ckpt.load_checkpoint(paths[0], map_location="cpu")
+    save_model(average_checkpoints(paths), first, out)
+    print(f"averaged {len(paths)} checkpoints into {out}")
+
+
+def _test_scalars(scores: Scores) -> dict[str, float]:
+    values = {"test/bleu": scores.bleu, "test/chrf": scores.chrf}
+    if scores.tokenized_bleu is not None:
+        values["test/tokenized_bleu"] = scores.tokenized_bleu
+    return values
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    files.write_text(path, json.dumps(payload, indent=2, default=str) + "\n")

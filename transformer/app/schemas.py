@@ -1,0 +1,140 @@
+"""The root schema of each command: what ``transformer-train``, ``-evaluate``, ``-translate``, ``-prepare-data``,
+``-diversify`` and ``-benchmark`` compose from the config groups in ``config``, with the checks that span groups, and
+``register_configs`` to store them in Hydra's ConfigStore under the names the YAML roots start from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+from transformer.config import (
+    AttentionDumpConfig,
+    DataConfig,
+    EvalConfig,
+    ModelConfig,
+    TrainConfig,
+    TrainingConfig,
+    check,
+)
+
+
+@dataclass
+class EvaluateConfig:
+    """``transformer-evaluate``: score a trained model on a test set with sacreBLEU."""
+
+    run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
+    checkpoint: Optional[str] = None  # or a checkpoint file
+    # More models to decode with it, each a run directory or a checkpoint file: an ensemble, whose next-token
+    # probabilities are the mean of its models' (transformer/inference/ensemble.py). They must share its tokenizers.
+    ensemble: list[str] = field(default_factory=list)
+    # What to score: a split of the run's corpus (default: its data.test_split), e.g. val or, for Multi30k, the
+    # later test sets test_2017_flickr, test_2017_mscoco and test_2018_flickr (fetched and verified on demand);
+    # or a pair of files.
+    split: Optional[str] = None
+    src_file: Optional[str] = None
+    ref_file: Optional[str] = None
+    # Score only the pairs with more than this many tokens on a side (in the model's own tokens). With the
+    # data.max_len a model was trained with, that is the sentences longer than any it saw: its extrapolation.
+    longer_than: Optional[int] = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    attention: AttentionDumpConfig = field(default_factory=AttentionDumpConfig)
+    output_dir: str = "outputs/evaluate"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
+              "give exactly one of run_dir=... or checkpoint=...")
+        check((self.src_file is None) == (self.ref_file is None), "ref_file",
+              "src_file and ref_file go together")
+        check(self.split is None or self.src_file is None, "split", "give split=... or src_file/ref_file, not both")
+        check(self.longer_than is None or self.longer_than >= 0, "longer_than",
+              f"must be >= 0 or null, got {self.longer_than}")
+        check(not self.ensemble or not (self.attention.indices or self.attention.texts), "attention",
+              "attention maps are drawn for one model, not an ensemble: leave out ensemble=... to draw them")
+
+
+@dataclass
+class TranslateConfig:
+    """``transformer-translate``: translate lines from stdin or a file, one line out per line in."""
+
+    run_dir: Optional[str] = None
+    checkpoint: Optional[str] = None
+    ensemble: list[str] = field(default_factory=list)  # more models to decode with it (see EvaluateConfig)
+    input: Optional[str] = None  # default: stdin
+    output: Optional[str] = None  # default: stdout
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
+              "give exactly one of run_dir=... or checkpoint=...")
+
+
+@dataclass
+class DiversifyConfig:
+    """``transformer-diversify``: extend a corpus's training split with its own translations (transformer/app/diversify.py)
+    into a new folder, which ``transformer-train data.train_dir=<out_dir>`` then trains on."""
+
+    # Models (run directories or checkpoint files) trained in the corpus's direction: they translate the training
+    # sources, decoded together as one ensemble when there are several. Their data config names the corpus.
+    forward: list[str] = field(default_factory=list)
+    # Models trained in the other direction, on the same corpus: they translate the training targets (none: only
+    # the forward translations are added).
+    backward: list[str] = field(default_factory=list)
+    out_dir: Optional[str] = None  # a new folder (existing split files there are never overwritten)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # the search that translates
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        check(len(self.forward) > 0, "forward", "give the forward models, e.g. forward=[outputs/train/<run>]")
+        check(self.out_dir is not None, "out_dir", "give the folder for the new training split, e.g. "
+              "out_dir=data/diversified")
+        check(self.eval.n_best == 1, "eval.n_best", f"one translation per sentence is kept: must be 1, got "
+              f"{self.eval.n_best}")
+
+
+@dataclass
+class PrepareDataConfig:
+    """``transformer-prepare-data``: make a corpus ready: fetch and verify it, check every split, and build
+    the tokenizers and the encoded training split in ``data.cache_dir`` so training starts from the cache."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+
+
+@dataclass
+class BenchmarkConfig:
+    """``transformer-benchmark``: training throughput, machine peak, MFU, decoding speed and memory."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = "outputs/benchmark"
+    device: str = "auto"
+    train_steps: int = 20  # timed optimizer steps
+    untimed_steps: int = 3  # warm-up steps before timing
+    decode_sentences: Optional[int] = None  # None: the whole test set
+    matmul_size: int = 2048
+    checkpoint: Optional[str] = None  # decode with a trained model (else a randomly initialised one)
+    profile_steps: int = 0  # > 0: profile that many more training steps into profile.txt
+
+    def __post_init__(self) -> None:
+        check(self.profile_steps >= 0, "profile_steps", f"must be >= 0, got {self.profile_steps}")
+        check(self.train_steps > 0, "train_steps", f"must be > 0, got {self.train_steps}")
+        check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
+        check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
+              f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ConfigStore (the YAML defaults lists start with these names)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="prepare_data_schema", node=PrepareDataConfig)
+    cs.store(name="diversify_schema", node=DiversifyConfig)
+    cs.store(name="benchmark_schema", node=BenchmarkConfig)

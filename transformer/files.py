@@ -1,0 +1,96 @@
+"""Files that are whole or absent: every write of this package goes through here.
+
+A file is written to a temporary sibling, flushed and fsynced, renamed over its name (``os.replace``, atomic on
+POSIX), and the folder is fsynced so that the rename itself survives a power cut. A crash at any point leaves the
+old file or the new one, never a torn one, and no temporary file is left behind by an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Make the renames and new names in ``directory`` durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flush a file that is already written (e.g. by a library that took its path) to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "wb", *, suffix: str = ".tmp",
+                 encoding: str | None = None) -> Iterator[IO[Any]]:
+    """Open a temporary sibling of ``path`` for writing; on a clean exit it replaces ``path``.
+
+    Args:
+        path: the file to write (its folder must exist).
+        mode: ``"wb"`` or ``"w"`` (text; ``encoding`` defaults to UTF-8).
+        suffix: the temporary file's suffix (``.part`` for downloads, say).
+
+    On an exception the temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    if "b" not in mode and encoding is None:
+        encoding = "utf-8"
+    try:
+        with os.fdopen(fd, mode, encoding=encoding) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_write(path, "w") as handle:
+        handle.write(text)
+
+
+def write_json(path: str | Path, value: Any) -> None:
+    """Write ``value`` as indented JSON (with a final newline) to ``path`` atomically."""
+    write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def link_atomically(source: str | Path, target: str | Path) -> None:
+    """Make ``target`` hold the same bytes as ``source``: a hard link (no copy) or, where the file system has
+    none, a copy; then a rename over ``target``. The caller fsyncs the folder."""
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:  # file systems without hard links
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

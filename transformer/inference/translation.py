@@ -1,0 +1,107 @@
+"""Text in, text out: translate lines with a model's search, and score translations with sacreBLEU. (Loading the
+model: :mod:`transformer.inference.loading`; the searches themselves: :mod:`transformer.inference.search`.)"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from transformer.config import EvalConfig
+from transformer.data.tokenizer import Tokenizer
+from transformer.inference.ensemble import Ensemble, select_ensemble_encoder
+from transformer.inference.metrics import Scores, corpus_scores
+from transformer.inference.search import Decoder, beam_search, greedy_search
+from transformer.model.transformer import Transformer, select_encoder_output
+from transformer.runtime import decode_batch_size
+
+
+def score_texts(model: Transformer | Ensemble, src: list[str], refs: list[str], src_tok: Tokenizer,
+                tgt_tok: Tokenizer, eval_cfg: EvalConfig, device: torch.device, tgt_lang: str, progress: bool = True
+                ) -> tuple[Scores, list[str]]:
+    """Translate ``src`` (best hypothesis each, with a progress bar) and score it against ``refs`` with sacreBLEU
+    (and, with ``eval.report_tokenized_bleu``, in the Multi30k papers' flavour for language ``tgt_lang``)."""
+    nbest = translate(model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions, progress=progress)
+    hypotheses = [candidates[0] for candidates in nbest]
+    lang = tgt_lang if eval_cfg.report_tokenized_bleu else None
+    return corpus_scores(hypotheses, refs, tokenized_lang=lang), hypotheses
+
+
+def format_scores(scores: Scores) -> str:
+    """BLEU and chrF with their sacreBLEU signatures, for the log."""
+    text = (f"BLEU {scores.bleu:.2f} chrF {scores.chrf:.2f} on {scores.n_sentences} sentences\n"
+            f"  {scores.bleu_signature}\n  {scores.chrf_signature}")
+    if scores.tokenized_bleu is not None:
+        text += f"\n  tokenized BLEU {scores.tokenized_bleu:.2f} (Multi30k papers' flavour): {scores.tokenized_bleu_signature}"
+    return text
+
+
+def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
+              device: torch.device | str, max_src_len: int, progress: bool = False) -> list[list[str]]:
+    """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order.
+
+    Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
+    batches of ``cfg.batch_size`` (by default 64 on a CPU, 512 on a GPU). An empty (or all-whitespace) line gives ``n_best`` empty strings
+    without running the model. A line longer than ``max_src_len`` tokens is cut to that length with a
+    warning; hypotheses are capped at ``max_src_len`` tokens too (pass the model's position limit).
+    ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
+    ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
+    """
+    ids = _encode_sources(texts, src_tok, max_src_len)
+    outputs: list[list[str]] = [[""] * cfg.n_best for _ in texts]
+    todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
+    was_training = model.training
+    model.eval()
+    bar = tqdm(total=len(todo), unit="sent", desc="translating", disable=not (progress and sys.stderr.isatty()),
+               leave=False)
+    try:
+        with torch.inference_mode():
+            batch_size = decode_batch_size(cfg, device)
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start:start + batch_size]
+                src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
+                for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_src_len)):
+                    outputs[i] = [tgt_tok.decode(tokens) for tokens in nbest]
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+        model.train(was_training)
+    return outputs
+
+
+def _encode_sources(texts: list[str], src_tok: Tokenizer, max_src_len: int) -> list[list[int]]:
+    """Source ids per line (empty for blank lines), cut to ``max_src_len`` with a warning."""
+    ids = [src_tok.encode(text) if text.strip() else [] for text in texts]
+    too_long = [(line_no, len(seq)) for line_no, seq in enumerate(ids, start=1) if len(seq) > max_src_len]
+    if too_long:
+        shown = ", ".join(f"line {line_no} ({n} tokens)" for line_no, n in too_long[:10])
+        more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
+        warnings.warn(f"{len(too_long)} input line(s) longer than {max_src_len} source tokens were truncated: "
+                      f"{shown}{more}", stacklevel=3)
+    return [seq[:max_src_len] for seq in ids]
+
+
+def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:
+    """(batch, longest) long tensor of the sequences right-padded with ``pad_id``."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out.to(device)
+
+
+def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig,
+            max_tgt_len: int) -> list[list[list[int]]]:
+    """n-best token lists per sentence with the search ``cfg`` asks for."""
+    select_encoder = select_ensemble_encoder if isinstance(model, Ensemble) else select_encoder_output
+    common = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, max_len_a=cfg.max_len_a,
+                  max_len_b=cfg.max_len_b, use_cache=cfg.use_cache, max_tgt_len=max_tgt_len,
+                  select_encoder=select_encoder)
+    if cfg.beam_size == 1:
+        greedy = greedy_search(model, src, drop_finished_at=0.25 if src.device.type == "cuda" else 0.0, **common)
+        return [[tokens] for tokens in greedy]
+    beams = beam_search(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, length_penalty=cfg.length_penalty,
+                        length_norm=cfg.length_norm, **common)
+    return [[h.tokens for h in hyps] for hyps in beams]

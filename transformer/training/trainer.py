@@ -1,0 +1,497 @@
+"""The training loop: accumulation, autocast, clipping, per-step learning rate, validation, early stopping,
+checkpoints and exact resume.
+
+The trainer receives built collaborators (model, optimizer, dataset, sampler, collate function, validation
+callback, checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. Each index
+list the sampler yields becomes a batch through ``collate_fn(indices)``.
+
+One optimizer step (micro-batches, loss normalisation, clipping, DDP) is ``train_step.TrainStep``.
+
+Exact resume: checkpoints are written only between optimizer steps and hold the model, optimizer, step,
+epoch, sampler position (mid-epoch included), per-rank RNG states and early-stopping counters. Resuming
+from one and training on reproduces the parameters of an uninterrupted run (CPU; GPU kernels may be
+non-deterministic unless ``training.deterministic``).
+
+Host work per step: batches are collated with numpy ahead of the step (on CUDA by a background thread, into
+pinned memory, copied with ``non_blocking``). The step's statistics stay on the device until a *check* reads
+them (``step_window``): every step on a CPU, where reading costs nothing, every ``log_every_steps`` steps on a
+GPU, and before every validation, checkpoint and stop. A non-finite loss or gradient norm never reaches the
+weights (the step skips that update), and the next check raises ``TrainingDiverged``.
+
+A time limit (``max_minutes``) ends the run annealed, not cut: at every validation and every ``log_every_steps``
+steps the trainer projects (``time_limit.TimeLimit``), from the pace so far, the step at which the limit runs out,
+and when that comes before ``max_epochs`` / ``max_steps`` the cosine schedule reaches its floor and training stops
+there. The limit itself still stops training if the pace drops later (with a warning). The steps trained then
+depend on the machine's speed, so two such runs differ.
+
+Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
+position) without validating, so a crash loses at most that interval.
+
+Ctrl-C: the first SIGINT (or SIGTERM) lets the steps up to the next check finish (one step on a CPU), writes
+``last.pt`` and raises KeyboardInterrupt; a second one aborts at once without saving.
+
+DDP: validation runs on rank 0 only while the other ranks wait for its metrics (``broadcast_object``), so
+every rank takes the same early-stopping decision; only rank 0 logs and writes files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointError, check_plain
+from transformer.config import Schedule, TrainingConfig
+from transformer.data.batching import prefetched
+from transformer.inference.metrics import perplexity
+from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
+from transformer.tracking import ProgressBar, Tracker
+from transformer.training import distributed
+from transformer.training.checkpoints import CheckpointManager
+from transformer.training.cuda_graphs import StepGraphs
+from transformer.training.distributed import DistContext
+from transformer.training.early_stopping import EarlyStopping
+from transformer.training.optim import scheduled_rate, set_learning_rate
+from transformer.training.resume import check_process_count
+from transformer.training.step import BatchLike, TrainStep
+from transformer.training.step_window import Reading, StepWindow
+from transformer.training.time_limit import TimeLimit
+
+log = logging.getLogger(__name__)
+
+ValidateFn = Callable[[nn.Module, int], dict[str, float]]
+
+
+class SamplerLike(Protocol):
+    def set_epoch(self, epoch: int) -> None: ...
+    def __iter__(self) -> Iterator[list[int]]: ...
+    def __len__(self) -> int: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class TrainResult:
+    """How a ``fit`` call ended."""
+
+    steps: int  # optimizer steps completed in total (resumed runs included)
+    epochs: int  # epochs completed
+    best_bleu: float | None
+    best_step: int | None
+    stopped_early: bool
+    reason: str  # max_epochs | max_steps | max_minutes | early_stopping
+    wall_seconds: float  # this fit call only
+    train_seconds: float = 0.0  # all fit calls of the run, resumed ones summed (the figure to report)
+    last_metrics: dict[str, float] = field(default_factory=dict)  # the latest validation's
+
+
+class Trainer:
+    """Runs optimisation for a built model; see the module docstring for the guarantees."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        cfg: TrainingConfig,
+        *,
+        dataset: Sequence[tuple[list[int], list[int]]],
+        sampler: SamplerLike,
+        collate_fn: Callable[[list[int]], BatchLike],
+        device: torch.device,
+        dist: DistContext,
+        tracker: Tracker,
+        checkpoints: CheckpointManager,
+        validate: ValidateFn,
+        extra_state: dict[str, Any],
+    ) -> None:
+        clashes = sorted(TRAINER_KEYS & set(extra_state))
+        if clashes:
+            raise ValueError(f"extra_state keys {clashes} clash with the trainer's checkpoint keys")
+        check_plain(extra_state, "extra_state")
+        if len(sampler) == 0:
+            raise ValueError("the sampler yields no batches: is the training set empty?")
+        self.model = model.to(device)
+        self.optimizer = optimizer
+        self.cfg = cfg = resolve_training(cfg, device, dist.world_size)
+        self.dataset = dataset
+        self.sampler = sampler
+        self.collate_fn = collate_fn
+        self.device = device
+        self.dist = dist
+        self.tracker = tracker
+        self.checkpoints = checkpoints
+        self.validate = validate
+        self.extra_state = extra_state
+        self._step = TrainStep(self.model, optimizer, cfg, device, dist)
+        self._epoch_steps = self.steps_per_epoch  # the first epoch's, for the schedule; kept in checkpoints
+        self._check_every = 1 if device.type == "cpu" else cfg.log_every_steps  # steps between device-to-host reads
+        self._sampler_state = sampler.state_dict()  # as of the last batch trained on (the sampler may run ahead)
+        self._last_save = time.monotonic()
+        self.step = 0  # optimizer steps completed
+        self.epoch = 0  # epoch in progress (0-based)
+        self.early_stopping = EarlyStopping(cfg.patience)
+        self.last_valid_step: int | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._sampler_positioned = False  # the sampler already points into self.epoch (load_state, epoch end)
+        self._pending_rng: dict | None = None  # this rank's RNG state from load_state, applied by fit
+        self._start_seed: int | None = cfg.seed + dist.rank  # fresh runs: ranks draw different dropout masks
+        self._interrupt_requested = False
+        self._in_step = False
+        self._started = time.monotonic()
+        self._seconds_before = 0.0  # spent in earlier fit calls of this run (from the resumed checkpoint)
+        self._first_step = 0  # the step this fit call started from: its pace is measured from there
+        self._time_limit = TimeLimit(cfg.max_minutes)
+
+    @property
+    def graphs(self) -> StepGraphs | None:
+        """The step's CUDA graphs (``training.cuda_graphs``), else None."""
+        return self._step.graphs
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps in the current epoch (``accumulate`` batches each; the last step may take fewer)."""
+        return math.ceil(len(self.sampler) / self.cfg.accumulate)
+
+    @property
+    def planned_steps(self) -> int:
+        """``max_epochs`` times the first epoch's steps (BPE-dropout epochs differ a little in length; the schedule
+        must not move with them), or ``max_steps`` when that comes first."""
+        by_epochs = self.cfg.max_epochs * self._epoch_steps
+        return by_epochs if self.cfg.max_steps is None else min(self.cfg.max_steps, by_epochs)
+
+    @property
+    def schedule_steps(self) -> int:
+        """The step at which a decaying schedule (cosine) reaches ``min_lr``: :attr:`planned_steps`, or where
+        ``max_minutes`` is projected to run out when that comes first (see the module docstring)."""
+        projected = self._time_limit.step
+        return self.planned_steps if projected is None else min(self.planned_steps, projected)
+
+    # ---------------------------------------------------------------------------------------------
+    # State
+    # ---------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint dict (collective under DDP: every rank must call it; it gathers RNG states)."""
+        rng = distributed.all_gather_object(capture_rng_state())
+        return {
+            **self.extra_state,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "sampler": dict(self._sampler_state),
+            "rng": rng,
+            **self.early_stopping.state_dict(),
+            "last_valid_step": self.last_valid_step,
+            "last_metrics": dict(self.last_metrics),
+            "train_seconds": self.train_seconds,
+            "epoch_steps": self._epoch_steps,
+            "schedule_steps": self.schedule_steps,
+            "time_limit": self._time_limit.state_dict(),
+        }
+
+    def load_state(self, checkpoint: dict[str, Any]) -> None:
+        """Continue from a checkpoint dict (every rank loads the same one). RNGs are restored when ``fit`` starts."""
+        missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
+        if missing:
+            raise CheckpointError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
+        check_process_count(checkpoint, self.dist.world_size)
+        rng = checkpoint["rng"]  # one state per process that wrote it
+        self.model.load_state_dict(checkpoint["model"])
+        self._step.load_optimizer_state(checkpoint["optimizer"])
+        self.step = int(checkpoint["step"])
+        self.epoch = int(checkpoint["epoch"])
+        try:
+            self.sampler.load_state_dict(checkpoint["sampler"])
+        except ValueError as error:  # a checkpoint from before train_pairs was saved, on a changed training split
+            raise CheckpointError(f"{error}: the checkpoint was written in an epoch of another training split (did "
+                                  "the training files change?)") from None
+        self._sampler_state = self.sampler.state_dict()
+        self._sampler_positioned = True
+        self.early_stopping.load_state_dict(checkpoint)
+        self.last_valid_step = checkpoint["last_valid_step"]
+        self.last_metrics = dict(checkpoint.get("last_metrics", {}))
+        self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
+        self._epoch_steps = int(checkpoint.get("epoch_steps", self._epoch_steps))
+        self._time_limit.load_state_dict(checkpoint.get("time_limit"), self.step, self._seconds_before)
+        self._warn_if_the_schedule_moved(checkpoint.get("schedule_steps"))
+        if len(rng) == self.dist.world_size:
+            self._pending_rng, self._start_seed = rng[self.dist.rank], None
+        else:
+            log.warning("checkpoint has RNG states for %d rank(s), this run has %d: resuming with fresh seeds, "
+                        "so the continuation is not bit-identical", len(rng), self.dist.world_size)
+            self._pending_rng, self._start_seed = None, self.cfg.seed + 1000 * self.step + self.dist.rank
+
+    def _warn_if_the_schedule_moved(self, saved_steps: int | None) -> None:
+        """A resumed run whose max_epochs / max_steps / max_minutes end the cosine decay elsewhere jumps to another
+        learning rate."""
+        if self.cfg.schedule is not Schedule.cosine or saved_steps is None or saved_steps == self.schedule_steps:
+            return
+        step = self.step + 1
+        rates = scheduled_rate(self.cfg, step, saved_steps), scheduled_rate(self.cfg, step, self.schedule_steps)
+        change = f": step {step}'s learning rate goes from {rates[0]:.3g} to {rates[1]:.3g}" if rates[0] != rates[1] \
+            else " (the warm-up, where the run is, is the same; the decay after it changes)"
+        log.warning("the cosine schedule now reaches its floor at step %d, not %d as when the checkpoint was written "
+                    "(training.max_epochs / max_steps / max_minutes changed)%s", self.schedule_steps, saved_steps,
+                    change)
+
+    def save_now(self, reason: str, *, is_best: bool = False) -> None:
+        """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
+
+        ``"validation"`` and ``"final"`` also add a rotated ``step_{N}.pt``; ``"interrupt"`` and ``"scheduled"``
+        (``save_every_steps`` / ``save_every_minutes``) write only ``last.pt``.
+        """
+        state = self.state_dict()
+        self._last_save = time.monotonic()
+        if self.dist.is_main:
+            path = self.checkpoints.save({**state, "reason": reason}, self.step, is_best=is_best,
+                                         periodic=reason in ("validation", "final"))
+            log.info("step %d: saved %s (%s%s)", self.step, path, reason, ", best" if is_best else "")
+        distributed.barrier()  # nobody exits (and makes torchrun kill rank 0) before the file is complete
+
+    # ---------------------------------------------------------------------------------------------
+    # Loop
+    # ---------------------------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        """Train until max_epochs / max_steps / max_minutes or early stopping; validate and save at the end."""
+        self._started, self._first_step = time.monotonic(), self.step
+        if self._pending_rng is not None:
+            restore_rng_state(self._pending_rng)
+        elif self._start_seed is not None:
+            seed_everything(self._start_seed)
+        self._pending_rng = self._start_seed = None
+        self.model.train()
+        if self.dist.is_main:
+            log.info("training on %d pairs, %d batches per epoch and rank, from step %d (epoch %d)",
+                     len(self.dataset), len(self.sampler), self.step, self.epoch + 1)
+            if self.planned_steps < self.cfg.warmup_steps:
+                log.warning("training.warmup_steps=%d is more than the %d steps planned (max_epochs / max_steps): the "
+                            "learning rate rises to %.3g at most, never to training.lr=%g", self.cfg.warmup_steps,
+                            self.planned_steps, scheduled_rate(self.cfg, self.planned_steps, self.schedule_steps),
+                            self.cfg.lr)
+        with defer_sigint(self._on_sigint):
+            try:
+                reason = self._run()
+            except KeyboardInterrupt:
+                if not self._in_step and self.dist.world_size == 1 and not self._interrupt_requested:
+                    self.save_now("interrupt")  # an interrupt that bypassed the handler, between steps
+                raise
+            finally:
+                graphs = self._release_graphs()
+            if self.last_valid_step != self.step:
+                self._validate_and_save(final=True)
+        self.tracker.flush()
+        if self.dist.is_main:
+            log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call%s",
+                     reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0, graphs)
+        return TrainResult(
+            steps=self.step, epochs=self.epoch, best_bleu=self.early_stopping.best_bleu,
+            best_step=self.early_stopping.best_step,
+            stopped_early=reason == "early_stopping", reason=reason,
+            wall_seconds=time.monotonic() - self._started, train_seconds=self.train_seconds,
+            last_metrics=dict(self.last_metrics),
+        )
+
+    def _release_graphs(self) -> str:
+        """Free the recorded CUDA graphs' memory pool (for validation and test decoding); what to log of them."""
+        if self.graphs is None:
+            return ""
+        shapes = self.graphs.n_shapes
+        self.graphs.release()
+        return f"; CUDA graphs recorded for {shapes} batch shapes"
+
+    @property
+    def train_seconds(self) -> float:
+        """Seconds spent training this run so far, earlier (resumed) fit calls included."""
+        return self._seconds_before + time.monotonic() - self._started
+
+    def _run(self) -> str:
+        """Epochs and steps; returns why training stopped."""
+        cfg = self.cfg
+        if self.early_stopping.exhausted:
+            return "early_stopping"  # a resumed run that had already stopped early
+        if self._time_limit.out_of_time(self._seconds_before):
+            if self.dist.is_main and self.step < self.planned_steps:  # stopped by the time, not by its plan
+                log.warning("this run has trained %.1f minutes already, training.max_minutes=%g: nothing more to "
+                            "train (a larger training.max_minutes, or null, continues it)",
+                            self._seconds_before / 60.0, cfg.max_minutes)
+            return "max_minutes"  # a resumed run that had already used its time (this call's time is not yet due)
+        while self.epoch < cfg.max_epochs:
+            if not self._sampler_positioned:
+                self.sampler.set_epoch(self.epoch)
+            self._sampler_positioned = False
+            self._sampler_state = self.sampler.state_dict()
+            reason = self._run_epoch()
+            if reason is not None:
+                return reason
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)  # checkpoints written now resume at the next epoch's start
+            self._sampler_state = self.sampler.state_dict()
+            self._sampler_positioned = True
+            # A run resumed from the end of an epoch has already validated this step (its last one).
+            if cfg.validate_every_steps is None and self.last_valid_step != self.step and self._validate_and_save():
+                return "early_stopping"
+        return "max_epochs"
+
+    def _batches(self) -> Iterator[tuple[BatchLike, dict]]:
+        """This epoch's remaining batches, each with the sampler state right after it (what a checkpoint saves
+        once it is trained on); on CUDA pinned (``prefetched`` runs this ahead in a thread)."""
+        pin = self.device.type == "cuda"
+        for indices in self.sampler:
+            batch = self.collate_fn(indices)
+            yield batch.pin_memory() if pin else batch, self.sampler.state_dict()
+
+    def _run_epoch(self) -> str | None:
+        """The steps of one epoch (from the sampler's position); a stop reason, or None at the epoch's end."""
+        cfg = self.cfg
+        if (reason := self._step_limit_reached()) is not None:
+            return reason
+        bar = ProgressBar(self.steps_per_epoch, enabled=cfg.progress_bar and self.dist.is_main,
+                          desc=f"epoch {self.epoch + 1}")
+        window = StepWindow(torch.zeros(4, device=self.device), first_step=self.step + 1)
+        try:
+            with prefetched(self._batches(), self.device) as batches:
+                while group := list(itertools.islice(batches, cfg.accumulate)):
+                    stats, tokens = self.train_step([batch for batch, _ in group])
+                    self.step += 1
+                    self._sampler_state = group[-1][1]
+                    window.add(stats, tokens)
+                    bar.update(1)
+                    reason = self._after_step(window, bar)
+                    if reason is not None:
+                        return reason
+            self._check(window, bar, log_now=True)  # the epoch's last steps, before validation or a checkpoint
+        finally:
+            bar.close()
+        return None
+
+    def _after_step(self, window: StepWindow, bar: ProgressBar) -> str | None:
+        """Checks, logging, validation and scheduled checkpoints after a step; a stop reason or None."""
+        cfg = self.cfg
+        validate = cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0
+        save = cfg.save_every_steps is not None and self.step % cfg.save_every_steps == 0
+        project = cfg.max_minutes is not None and self.step % cfg.log_every_steps == 0
+        schedule_end = self.schedule_steps  # what this step trained on, before a new projection moves it
+        if not (validate or save or project or self._step_limit_reached() or self.step % self._check_every == 0):
+            return None
+        reading = self._check(window, bar)
+        if reading.interrupt:
+            self.save_now("interrupt")
+            last = self.checkpoints.last_path  # <run>/checkpoints/last.pt
+            raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {last} (resume={last.parent.parent} "
+                                    "continues it)")
+        if validate:
+            started = time.perf_counter()
+            if self._validate_and_save():
+                return "early_stopping"
+            window.started += time.perf_counter() - started  # the window's tokens/s counts training time only
+        elif project:
+            self._project_time_limit()
+        last = self._step_limit_reached()  # after a new projection: it may end training at this very step
+        if last is None and reading.late:
+            last = "max_minutes"
+        if last == "max_minutes" and self.step < schedule_end and self.dist.is_main:
+            self._time_limit.warn_cut(self.step, schedule_end, float(self.optimizer.param_groups[0]["lr"]))
+        if not validate and (save or reading.save_due) and last is None:  # at the last step the final validation saves
+            self.save_now("scheduled")
+        return last
+
+    def _step_limit_reached(self) -> str | None:
+        """``"max_steps"`` or ``"max_minutes"`` (the projected step of the time limit) once that step is done."""
+        if self.cfg.max_steps is not None and self.step >= self.cfg.max_steps:
+            return "max_steps"
+        if self._time_limit.step is not None and self.step >= self._time_limit.step:
+            return "max_minutes"
+        return None
+
+    def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
+        """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``
+        calls it, so does the benchmark); returns ``TrainStep``'s device statistics and token count."""
+        set_learning_rate(self.optimizer, scheduled_rate(self.cfg, self.step + 1, self.schedule_steps))
+        self._in_step = True  # stays set if the step raises: fit then saves nothing half-updated
+        stats = self._step(batches)
+        self._in_step = False
+        return stats
+
+    def _save_due_by_time(self) -> bool:
+        minutes = self.cfg.save_every_minutes
+        return minutes is not None and time.monotonic() - self._last_save >= minutes * 60.0
+
+    def _check(self, window: StepWindow, bar: ProgressBar, log_now: bool = False) -> Reading:
+        """Read the window and the flags (one wait for the device), stop on divergence, and log when a log step
+        has come (or ``log_now``: the steps since the last log line would be lost to the log otherwise)."""
+        late = self._time_limit.out_of_time(self.train_seconds)
+        reading = window.read(interrupt=self._interrupt_requested, late=late, save_due=self._save_due_by_time(),
+                              world_size=self.dist.world_size)
+        reading.raise_if_diverged(self.step, window.first_step, self.checkpoints.last_path)
+        if (log_now or self.step % self.cfg.log_every_steps == 0) and reading.tokens > 0:
+            self._log(reading, window, bar)
+        return reading
+
+    def _log(self, reading: Reading, window: StepWindow, bar: ProgressBar) -> None:
+        """Log the window (rank 0) and start a new one."""
+        if self.dist.is_main:
+            lr = float(self.optimizer.param_groups[0]["lr"])  # a device tensor with CUDA graphs
+            values = reading.log_values(time.perf_counter() - window.started, lr)
+            self.tracker.scalars(values, self.step, prefix="train")
+            bar.update(0, loss=values["loss"], tokens_per_s=values["tokens_per_s"])
+            log.info("epoch %d step %d: loss %.4f ppl %.2f lr %.3g grad_norm %.3f %.0f tok/s", self.epoch + 1,
+                     self.step, values["loss"], values["ppl"], lr, values["grad_norm"], values["tokens_per_s"])
+        window.reset(self.step)
+
+    # ---------------------------------------------------------------------------------------------
+    # Validation, early stopping, interrupts
+    # ---------------------------------------------------------------------------------------------
+
+    def _validate_and_save(self, final: bool = False) -> bool:
+        """Validate (rank 0), update best/patience, save; True when patience is exhausted."""
+        metrics: dict[str, float] | None = None
+        if self.dist.is_main:
+            self.model.eval()
+            with torch.no_grad():
+                metrics = {k: float(v) for k, v in self.validate(self.model, self.step).items()}
+            self.model.train()
+        metrics = distributed.broadcast_object(metrics)
+        if "bleu" not in metrics:
+            raise KeyError(f"validate() must return a 'bleu' entry; it returned keys {sorted(metrics)}")
+        if "loss" in metrics and "ppl" not in metrics:
+            metrics["ppl"] = perplexity(metrics["loss"], n_tokens=1)  # the loss is already per token
+        is_best = self.early_stopping.update(metrics["bleu"], self.step)
+        self.last_valid_step = self.step
+        self.last_metrics = metrics
+        self.tracker.scalars(metrics, self.step, prefix="valid")
+        if not final:  # the final validation comes after training: its checkpoint keeps the schedule trained with
+            self._project_time_limit()
+        if self.dist.is_main:
+            shown = " ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
+            log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown,
+                     self.early_stopping.best_bleu, self.early_stopping.best_step)
+        self.save_now("final" if final else "validation", is_best=is_best)
+        return self.early_stopping.exhausted
+
+    def _project_time_limit(self) -> None:
+        """Project where ``max_minutes`` runs out at this call's pace so far, validations included. Collective under
+        DDP: rank 0's projection is broadcast, so every rank trains the same schedule."""
+        steps = self.step - self._first_step
+        if self.cfg.max_minutes is None or steps == 0:  # the same on every rank: all or none broadcast
+            return
+        pace = steps / max(time.monotonic() - self._started, 1e-9)  # steps per second, validations included
+        self._time_limit.reproject(self.step, pace, self.train_seconds, self.planned_steps, self.dist.is_main)
+
+    def request_interrupt(self) -> None:
+        """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""
+        self._interrupt_requested = True
+
+    def _on_sigint(self) -> None:
+        self.request_interrupt()
+        if self.dist.is_main:
+            log.warning("interrupt: finishing this step and saving last.pt (a second interrupt aborts without "
+                        "saving)")

@@ -45,11 +45,11 @@ def test_learns_the_copy_task(tmp_path):
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, accumulate):
-    straight = make_trainer(tmp_path / "a", training_config(accumulate=accumulate), PAIRS)
-    per_epoch = -(-len(straight.sampler) // accumulate)  # the last step of an epoch may hold fewer batches
+    batches = len(make_trainer(tmp_path / "probe", training_config(accumulate=accumulate), PAIRS).sampler)
+    per_epoch = -(-batches // accumulate)  # the last step of an epoch may hold fewer batches
     steps = per_epoch + 2  # stop inside the second epoch
     assert 3 < per_epoch
-    straight.cfg = replace(straight.cfg, max_steps=steps)
+    straight = make_trainer(tmp_path / "a", training_config(max_steps=steps, accumulate=accumulate), PAIRS)
     straight.fit()
 
     first = make_trainer(tmp_path / "b", training_config(max_steps=3, accumulate=accumulate), PAIRS)

@@ -1,5 +1,5 @@
 """Writing a run's checkpoints: atomic saves, the ``checkpoints/`` folder's rotation, averaging, and the weights a
-finished run keeps. (What a checkpoint holds, the run directory's layout and reading them: :mod:`transformer.checkpoint`.)
+finished run keeps. (What a checkpoint holds, a run directory's layout and reading: :mod:`transformer.checkpoint`.)
 """
 
 from __future__ import annotations

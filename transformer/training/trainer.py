@@ -5,7 +5,7 @@ The trainer receives built collaborators (model, optimizer, dataset, sampler, co
 callback, checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. Each index
 list the sampler yields becomes a batch through ``collate_fn(indices)``.
 
-One optimizer step (micro-batches, loss normalisation, clipping, DDP) is ``train_step.TrainStep``.
+One optimizer step (micro-batches, loss normalisation, clipping, DDP) is ``step.TrainStep``.
 
 Exact resume: checkpoints are written only between optimizer steps and hold the model, optimizer, step,
 epoch, sampler position (mid-epoch included), per-rank RNG states and early-stopping counters. Resuming
@@ -18,11 +18,15 @@ them (``step_window``): every step on a CPU, where reading costs nothing, every 
 GPU, and before every validation, checkpoint and stop. A non-finite loss or gradient norm never reaches the
 weights (the step skips that update), and the next check raises ``TrainingDiverged``.
 
+Where training stops and where the schedule ends is decided in one place, ``horizon.Horizon`` (epochs, steps,
+minutes, patience); the loop's position is a ``loop_state.LoopState``. Each writes and reads its part of a
+checkpoint. The loop reads as: a step, then the events it brings (check, log, validate, save, stop), then acting.
+
 A time limit (``max_minutes``) ends the run annealed, not cut: at every validation and every ``log_every_steps``
-steps the trainer projects (``time_limit.TimeLimit``), from the pace so far, the step at which the limit runs out,
-and when that comes before ``max_epochs`` / ``max_steps`` the cosine schedule reaches its floor and training stops
-there. The limit itself still stops training if the pace drops later (with a warning). The steps trained then
-depend on the machine's speed, so two such runs differ.
+steps the trainer projects, from the pace so far, the step at which the limit runs out, and when that comes before
+``max_epochs`` / ``max_steps`` the cosine schedule reaches its floor and training stops there. The limit itself
+still stops training if the pace drops later (with a warning). The steps trained then depend on the machine's
+speed, so two such runs differ.
 
 Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
 position) without validating, so a crash loses at most that interval.
@@ -48,7 +52,7 @@ import torch
 from torch import nn
 
 from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointError, check_plain
-from transformer.config import Schedule, TrainingConfig
+from transformer.config import TrainingConfig
 from transformer.data.batching import prefetched
 from transformer.inference.metrics import perplexity
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
@@ -57,12 +61,12 @@ from transformer.training import distributed
 from transformer.training.checkpoints import CheckpointManager
 from transformer.training.cuda_graphs import StepGraphs
 from transformer.training.distributed import DistContext
-from transformer.training.early_stopping import EarlyStopping
-from transformer.training.optim import scheduled_rate, set_learning_rate
+from transformer.training.horizon import Horizon
+from transformer.training.loop_state import LoopState
+from transformer.training.optim import set_learning_rate
 from transformer.training.resume import check_process_count
 from transformer.training.step import BatchLike, TrainStep
 from transformer.training.step_window import Reading, StepWindow
-from transformer.training.time_limit import TimeLimit
 
 log = logging.getLogger(__name__)
 
@@ -130,24 +134,17 @@ class Trainer:
         self.validate = validate
         self.extra_state = extra_state
         self._step = TrainStep(self.model, optimizer, cfg, device, dist)
-        self._epoch_steps = self.steps_per_epoch  # the first epoch's, for the schedule; kept in checkpoints
+        self.horizon = Horizon(cfg, epoch_steps=self.steps_per_epoch)
+        self.state = LoopState(sampler=sampler.state_dict())  # the sampler may run ahead of the batches trained on
         self._check_every = 1 if device.type == "cpu" else cfg.log_every_steps  # steps between device-to-host reads
-        self._sampler_state = sampler.state_dict()  # as of the last batch trained on (the sampler may run ahead)
         self._last_save = time.monotonic()
-        self.step = 0  # optimizer steps completed
-        self.epoch = 0  # epoch in progress (0-based)
-        self.early_stopping = EarlyStopping(cfg.patience)
-        self.last_valid_step: int | None = None
-        self.last_metrics: dict[str, float] = {}
         self._sampler_positioned = False  # the sampler already points into self.epoch (load_state, epoch end)
         self._pending_rng: dict | None = None  # this rank's RNG state from load_state, applied by fit
         self._start_seed: int | None = cfg.seed + dist.rank  # fresh runs: ranks draw different dropout masks
         self._interrupt_requested = False
         self._in_step = False
         self._started = time.monotonic()
-        self._seconds_before = 0.0  # spent in earlier fit calls of this run (from the resumed checkpoint)
         self._first_step = 0  # the step this fit call started from: its pace is measured from there
-        self._time_limit = TimeLimit(cfg.max_minutes)
 
     @property
     def graphs(self) -> StepGraphs | None:
@@ -160,18 +157,19 @@ class Trainer:
         return math.ceil(len(self.sampler) / self.cfg.accumulate)
 
     @property
-    def planned_steps(self) -> int:
-        """``max_epochs`` times the first epoch's steps (BPE-dropout epochs differ a little in length; the schedule
-        must not move with them), or ``max_steps`` when that comes first."""
-        by_epochs = self.cfg.max_epochs * self._epoch_steps
-        return by_epochs if self.cfg.max_steps is None else min(self.cfg.max_steps, by_epochs)
+    def step(self) -> int:
+        """Optimizer steps completed."""
+        return self.state.step
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress (0-based)."""
+        return self.state.epoch
 
     @property
     def schedule_steps(self) -> int:
-        """The step at which a decaying schedule (cosine) reaches ``min_lr``: :attr:`planned_steps`, or where
-        ``max_minutes`` is projected to run out when that comes first (see the module docstring)."""
-        projected = self._time_limit.step
-        return self.planned_steps if projected is None else min(self.planned_steps, projected)
+        """The step at which the schedule reaches its floor (:attr:`Horizon.schedule_steps`)."""
+        return self.horizon.schedule_steps
 
     # ---------------------------------------------------------------------------------------------
     # State
@@ -180,22 +178,8 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint dict (collective under DDP: every rank must call it; it gathers RNG states)."""
         rng = distributed.all_gather_object(capture_rng_state())
-        return {
-            **self.extra_state,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "step": self.step,
-            "epoch": self.epoch,
-            "sampler": dict(self._sampler_state),
-            "rng": rng,
-            **self.early_stopping.state_dict(),
-            "last_valid_step": self.last_valid_step,
-            "last_metrics": dict(self.last_metrics),
-            "train_seconds": self.train_seconds,
-            "epoch_steps": self._epoch_steps,
-            "schedule_steps": self.schedule_steps,
-            "time_limit": self._time_limit.state_dict(),
-        }
+        return {**self.extra_state, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "rng": rng, **self.state.state_dict(self.train_seconds), **self.horizon.state_dict()}
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
         """Continue from a checkpoint dict (every rank loads the same one). RNGs are restored when ``fit`` starts."""
@@ -206,41 +190,21 @@ class Trainer:
         rng = checkpoint["rng"]  # one state per process that wrote it
         self.model.load_state_dict(checkpoint["model"])
         self._step.load_optimizer_state(checkpoint["optimizer"])
-        self.step = int(checkpoint["step"])
-        self.epoch = int(checkpoint["epoch"])
+        self.state = LoopState.from_checkpoint(checkpoint)
         try:
             self.sampler.load_state_dict(checkpoint["sampler"])
         except ValueError as error:  # a checkpoint from before train_pairs was saved, on a changed training split
             raise CheckpointError(f"{error}: the checkpoint was written in an epoch of another training split (did "
                                   "the training files change?)") from None
-        self._sampler_state = self.sampler.state_dict()
+        self.state.sampler = self.sampler.state_dict()
         self._sampler_positioned = True
-        self.early_stopping.load_state_dict(checkpoint)
-        self.last_valid_step = checkpoint["last_valid_step"]
-        self.last_metrics = dict(checkpoint.get("last_metrics", {}))
-        self._seconds_before = float(checkpoint.get("train_seconds", 0.0))
-        self._epoch_steps = int(checkpoint.get("epoch_steps", self._epoch_steps))
-        self._time_limit.load_state_dict(checkpoint.get("time_limit"), self.step, self._seconds_before)
-        self._warn_if_the_schedule_moved(checkpoint.get("schedule_steps"))
+        self.horizon.load_state_dict(checkpoint, self.step, self.state.seconds_before)
         if len(rng) == self.dist.world_size:
             self._pending_rng, self._start_seed = rng[self.dist.rank], None
         else:
             log.warning("checkpoint has RNG states for %d rank(s), this run has %d: resuming with fresh seeds, "
                         "so the continuation is not bit-identical", len(rng), self.dist.world_size)
             self._pending_rng, self._start_seed = None, self.cfg.seed + 1000 * self.step + self.dist.rank
-
-    def _warn_if_the_schedule_moved(self, saved_steps: int | None) -> None:
-        """A resumed run whose max_epochs / max_steps / max_minutes end the cosine decay elsewhere jumps to another
-        learning rate."""
-        if self.cfg.schedule is not Schedule.cosine or saved_steps is None or saved_steps == self.schedule_steps:
-            return
-        step = self.step + 1
-        rates = scheduled_rate(self.cfg, step, saved_steps), scheduled_rate(self.cfg, step, self.schedule_steps)
-        change = f": step {step}'s learning rate goes from {rates[0]:.3g} to {rates[1]:.3g}" if rates[0] != rates[1] \
-            else " (the warm-up, where the run is, is the same; the decay after it changes)"
-        log.warning("the cosine schedule now reaches its floor at step %d, not %d as when the checkpoint was written "
-                    "(training.max_epochs / max_steps / max_minutes changed)%s", self.schedule_steps, saved_steps,
-                    change)
 
     def save_now(self, reason: str, *, is_best: bool = False) -> None:
         """Write a checkpoint of the current state (between steps). Collective under DDP; rank 0 writes.
@@ -272,11 +236,7 @@ class Trainer:
         if self.dist.is_main:
             log.info("training on %d pairs, %d batches per epoch and rank, from step %d (epoch %d)",
                      len(self.dataset), len(self.sampler), self.step, self.epoch + 1)
-            if self.planned_steps < self.cfg.warmup_steps:
-                log.warning("training.warmup_steps=%d is more than the %d steps planned (max_epochs / max_steps): the "
-                            "learning rate rises to %.3g at most, never to training.lr=%g", self.cfg.warmup_steps,
-                            self.planned_steps, scheduled_rate(self.cfg, self.planned_steps, self.schedule_steps),
-                            self.cfg.lr)
+            self.horizon.warn_if_warmup_outlasts()
         with defer_sigint(self._on_sigint):
             try:
                 reason = self._run()
@@ -286,19 +246,17 @@ class Trainer:
                 raise
             finally:
                 graphs = self._release_graphs()
-            if self.last_valid_step != self.step:
+            if self.state.last_valid_step != self.step:
                 self._validate_and_save(final=True)
         self.tracker.flush()
         if self.dist.is_main:
             log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call%s",
                      reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0, graphs)
-        return TrainResult(
-            steps=self.step, epochs=self.epoch, best_bleu=self.early_stopping.best_bleu,
-            best_step=self.early_stopping.best_step,
-            stopped_early=reason == "early_stopping", reason=reason,
-            wall_seconds=time.monotonic() - self._started, train_seconds=self.train_seconds,
-            last_metrics=dict(self.last_metrics),
-        )
+        stopping = self.horizon.early_stopping
+        return TrainResult(steps=self.step, epochs=self.epoch, best_bleu=stopping.best_bleu,
+                           best_step=stopping.best_step, stopped_early=reason == "early_stopping", reason=reason,
+                           wall_seconds=time.monotonic() - self._started, train_seconds=self.train_seconds,
+                           last_metrics=dict(self.state.last_metrics))
 
     def _release_graphs(self) -> str:
         """Free the recorded CUDA graphs' memory pool (for validation and test decoding); what to log of them."""
@@ -311,33 +269,29 @@ class Trainer:
     @property
     def train_seconds(self) -> float:
         """Seconds spent training this run so far, earlier (resumed) fit calls included."""
-        return self._seconds_before + time.monotonic() - self._started
+        return self.state.seconds_before + time.monotonic() - self._started
 
     def _run(self) -> str:
         """Epochs and steps; returns why training stopped."""
-        cfg = self.cfg
-        if self.early_stopping.exhausted:
-            return "early_stopping"  # a resumed run that had already stopped early
-        if self._time_limit.out_of_time(self._seconds_before):
-            if self.dist.is_main and self.step < self.planned_steps:  # stopped by the time, not by its plan
-                log.warning("this run has trained %.1f minutes already, training.max_minutes=%g: nothing more to "
-                            "train (a larger training.max_minutes, or null, continues it)",
-                            self._seconds_before / 60.0, cfg.max_minutes)
-            return "max_minutes"  # a resumed run that had already used its time (this call's time is not yet due)
-        while self.epoch < cfg.max_epochs:
+        # A resumed run may have stopped early or used its time already (this call's time is not yet due).
+        if (reason := self.horizon.ended_before_start(self.step, self.state.seconds_before, self.dist.is_main)):
+            return reason
+        state = self.state
+        while not self.horizon.epochs_done(state.epoch):
             if not self._sampler_positioned:
-                self.sampler.set_epoch(self.epoch)
+                self.sampler.set_epoch(state.epoch)
             self._sampler_positioned = False
-            self._sampler_state = self.sampler.state_dict()
+            state.sampler = self.sampler.state_dict()
             reason = self._run_epoch()
             if reason is not None:
                 return reason
-            self.epoch += 1
-            self.sampler.set_epoch(self.epoch)  # checkpoints written now resume at the next epoch's start
-            self._sampler_state = self.sampler.state_dict()
+            state.epoch += 1
+            self.sampler.set_epoch(state.epoch)  # checkpoints written now resume at the next epoch's start
+            state.sampler = self.sampler.state_dict()
             self._sampler_positioned = True
             # A run resumed from the end of an epoch has already validated this step (its last one).
-            if cfg.validate_every_steps is None and self.last_valid_step != self.step and self._validate_and_save():
+            validate = self.cfg.validate_every_steps is None and state.last_valid_step != self.step
+            if validate and self._validate_and_save():
                 return "early_stopping"
         return "max_epochs"
 
@@ -352,7 +306,7 @@ class Trainer:
     def _run_epoch(self) -> str | None:
         """The steps of one epoch (from the sampler's position); a stop reason, or None at the epoch's end."""
         cfg = self.cfg
-        if (reason := self._step_limit_reached()) is not None:
+        if (reason := self.horizon.step_limit(self.step)) is not None:
             return reason
         bar = ProgressBar(self.steps_per_epoch, enabled=cfg.progress_bar and self.dist.is_main,
                           desc=f"epoch {self.epoch + 1}")
@@ -361,8 +315,8 @@ class Trainer:
             with prefetched(self._batches(), self.device) as batches:
                 while group := list(itertools.islice(batches, cfg.accumulate)):
                     stats, tokens = self.train_step([batch for batch, _ in group])
-                    self.step += 1
-                    self._sampler_state = group[-1][1]
+                    self.state.step += 1
+                    self.state.sampler = group[-1][1]
                     window.add(stats, tokens)
                     bar.update(1)
                     reason = self._after_step(window, bar)
@@ -380,7 +334,8 @@ class Trainer:
         save = cfg.save_every_steps is not None and self.step % cfg.save_every_steps == 0
         project = cfg.max_minutes is not None and self.step % cfg.log_every_steps == 0
         schedule_end = self.schedule_steps  # what this step trained on, before a new projection moves it
-        if not (validate or save or project or self._step_limit_reached() or self.step % self._check_every == 0):
+        check = self.step % self._check_every == 0
+        if not (validate or save or project or check or self.horizon.step_limit(self.step)):
             return None
         reading = self._check(window, bar)
         if reading.interrupt:
@@ -395,27 +350,19 @@ class Trainer:
             window.started += time.perf_counter() - started  # the window's tokens/s counts training time only
         elif project:
             self._project_time_limit()
-        last = self._step_limit_reached()  # after a new projection: it may end training at this very step
+        last = self.horizon.step_limit(self.step)  # after a new projection: it may end training at this very step
         if last is None and reading.late:
             last = "max_minutes"
         if last == "max_minutes" and self.step < schedule_end and self.dist.is_main:
-            self._time_limit.warn_cut(self.step, schedule_end, float(self.optimizer.param_groups[0]["lr"]))
+            self.horizon.time_limit.warn_cut(self.step, schedule_end, float(self.optimizer.param_groups[0]["lr"]))
         if not validate and (save or reading.save_due) and last is None:  # at the last step the final validation saves
             self.save_now("scheduled")
         return last
 
-    def _step_limit_reached(self) -> str | None:
-        """``"max_steps"`` or ``"max_minutes"`` (the projected step of the time limit) once that step is done."""
-        if self.cfg.max_steps is not None and self.step >= self.cfg.max_steps:
-            return "max_steps"
-        if self._time_limit.step is not None and self.step >= self._time_limit.step:
-            return "max_minutes"
-        return None
-
     def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
         """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``
         calls it, so does the benchmark); returns ``TrainStep``'s device statistics and token count."""
-        set_learning_rate(self.optimizer, scheduled_rate(self.cfg, self.step + 1, self.schedule_steps))
+        set_learning_rate(self.optimizer, self.horizon.rate(self.step + 1))
         self._in_step = True  # stays set if the step raises: fit then saves nothing half-updated
         stats = self._step(batches)
         self._in_step = False
@@ -428,7 +375,7 @@ class Trainer:
     def _check(self, window: StepWindow, bar: ProgressBar, log_now: bool = False) -> Reading:
         """Read the window and the flags (one wait for the device), stop on divergence, and log when a log step
         has come (or ``log_now``: the steps since the last log line would be lost to the log otherwise)."""
-        late = self._time_limit.out_of_time(self.train_seconds)
+        late = self.horizon.out_of_time(self.train_seconds)
         reading = window.read(interrupt=self._interrupt_requested, late=late, save_due=self._save_due_by_time(),
                               world_size=self.dist.world_size)
         reading.raise_if_diverged(self.step, window.first_step, self.checkpoints.last_path)
@@ -464,18 +411,18 @@ class Trainer:
             raise KeyError(f"validate() must return a 'bleu' entry; it returned keys {sorted(metrics)}")
         if "loss" in metrics and "ppl" not in metrics:
             metrics["ppl"] = perplexity(metrics["loss"], n_tokens=1)  # the loss is already per token
-        is_best = self.early_stopping.update(metrics["bleu"], self.step)
-        self.last_valid_step = self.step
-        self.last_metrics = metrics
+        is_best, exhausted = self.horizon.validated(metrics["bleu"], self.step)
+        self.state.last_valid_step, self.state.last_metrics = self.step, metrics
         self.tracker.scalars(metrics, self.step, prefix="valid")
         if not final:  # the final validation comes after training: its checkpoint keeps the schedule trained with
             self._project_time_limit()
         if self.dist.is_main:
             shown = " ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
-            log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown,
-                     self.early_stopping.best_bleu, self.early_stopping.best_step)
+            stopping = self.horizon.early_stopping
+            log.info("step %d validation: %s (best bleu %.2f at step %s)", self.step, shown, stopping.best_bleu,
+                     stopping.best_step)
         self.save_now("final" if final else "validation", is_best=is_best)
-        return self.early_stopping.exhausted
+        return exhausted
 
     def _project_time_limit(self) -> None:
         """Project where ``max_minutes`` runs out at this call's pace so far, validations included. Collective under
@@ -484,7 +431,7 @@ class Trainer:
         if self.cfg.max_minutes is None or steps == 0:  # the same on every rank: all or none broadcast
             return
         pace = steps / max(time.monotonic() - self._started, 1e-9)  # steps per second, validations included
-        self._time_limit.reproject(self.step, pace, self.train_seconds, self.planned_steps, self.dist.is_main)
+        self.horizon.reproject(self.step, pace, self.train_seconds, self.dist.is_main)
 
     def request_interrupt(self) -> None:
         """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""

@@ -32,9 +32,9 @@ MAX_LINES = 450
 
 def part_of(module: str) -> str:
     """``transformer.data.cache`` -> ``data``; a module directly in the package (``transformer.config``) -> shared;
-    the package itself -> ``root`` (its public names, which reach into every part)."""
+    the package itself and ``python -m transformer`` -> ``root`` (its public names and commands reach every part)."""
     names = module.split(".")
-    if names == ["transformer"]:
+    if names in (["transformer"], ["transformer", "__main__"]):
         return "root"
     return names[1] if names[1] in PARTS else "shared"
 

@@ -189,3 +189,73 @@ def average_main() -> None:
         pipeline.average(sys.argv[2:], sys.argv[1])
     except _user_errors() as error:
         sys.exit(f"transformer-average: {error}")
+
+
+def recipe_main() -> None:
+    """``transformer-recipe ensemble|diversified|best_gpu OUT_DIR [OVERRIDES...] [options]``: several trainings and
+    what is made of them (:mod:`transformer.app.recipes`)."""
+    from transformer.app import recipes
+    from transformer.app.mps import mps
+    from transformer.app.runs import RecipeInterrupted, RunFailed
+
+    args = _recipe_parser().parse_intermixed_args()
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in a script's background: Ctrl-C still stops it
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    options = recipes.Options(Path(args.out_dir), list(args.overrides), parallel=args.parallel,
+                              train_only=args.train_only)
+    plan = recipes.Diversified(args.seeds or [1234, 1, 2], args.backward_seeds, args.student_seeds,
+                               args.wide_student_seeds, args.student_epochs, not args.no_score_teachers)
+    try:
+        if args.recipe == "best_gpu":
+            options.parallel = args.parallel if args.parallel > 1 else 3
+            recipes.best_gpu(options, plan, use_mps=args.mps is not False)
+            return
+        with mps(enabled=bool(args.mps)):
+            if args.recipe == "ensemble":
+                recipes.ensemble(options, args.seeds or [1234, 1, 2], args.more_members, args.valid_split)
+            else:
+                recipes.diversified(options, plan)
+    except RecipeInterrupted as interrupted:
+        log.error("%s", interrupted)
+        sys.exit(130)
+    except (RunFailed, *_user_errors()) as error:
+        log.error("%s", error)
+        sys.exit(1)
+
+
+def _seeds(text: str) -> list[int]:
+    """``1234,1,2`` -> [1234, 1, 2]; ``none`` -> []."""
+    import argparse
+
+    if text.strip() == "none":
+        return []
+    try:
+        return [int(seed) for seed in text.replace(" ", ",").split(",") if seed]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are integers separated by commas (or none), got {text!r}") from None
+
+
+def _recipe_parser() -> Any:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="transformer-recipe", description=recipe_main.__doc__)
+    parser.add_argument("recipe", choices=["ensemble", "diversified", "best_gpu"])
+    parser.add_argument("out_dir", help="the recipe's folder: its runs, corpus and scores")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
+    parser.add_argument("--seeds", type=_seeds, help="the runs' seeds (diversified: the forward teachers'), "
+                        "comma-separated (default 1234,1,2)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once: more only on a GPU (best_gpu: 3)")
+    parser.add_argument("--train-only", action="store_true", help="train or keep the runs, score nothing")
+    parser.add_argument("--more-members", type=lambda text: [Path(p) for p in text.split(",") if p], default=[],
+                        help="ensemble: finished runs of another recipe on the same data, scored with these")
+    parser.add_argument("--valid-split", default="val", help="ensemble: the corpus's validation split")
+    parser.add_argument("--backward-seeds", type=_seeds, default=[1234, 1], help="diversified (none: no backward "
+                        "teachers)")
+    parser.add_argument("--student-seeds", type=_seeds, default=[1234, 1, 2])
+    parser.add_argument("--wide-student-seeds", type=_seeds, default=[1234], help="students of model=wide")
+    parser.add_argument("--student-epochs", type=int, default=15)
+    parser.add_argument("--no-score-teachers", action="store_true", help="diversified: score no teachers' ensemble")
+    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, help="run under NVIDIA MPS, so that runs "
+                        "side by side share the GPU at once (default: on for best_gpu only)")
+    return parser

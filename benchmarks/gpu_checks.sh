@@ -1,30 +1,31 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/RESULTS.md in a few calls on a lent GPU machine, logs under $OUT (else gpu_checks/).
+# The GPU measurements of docs/RESULTS.md, each mode sized for one ten-minute command on a GPU machine; logs under
+# $OUT (else gpu_checks/).
 #
-#   scripts/gpu_checks.sh lease    # what one ten-minute call can hold, for a lease of 15 minutes in all: the gpu
+#   benchmarks/gpu_checks.sh short # what one ten-minute command can hold, for 15 minutes of GPU time in all: the gpu
 #                                  # tests, the default job with CUDA graphs (limited to 3.5 minutes: annealed if cut),
 #                                  # then eager against graphs for the default model and decoding its checkpoint
-#   scripts/gpu_checks.sh lease_more  # its second call: the default job de->en (CUDA graphs), decoding profiled on
+#   benchmarks/gpu_checks.sh short_more  # its second command: the default job de->en (CUDA graphs), decoding profiled on
 #                                     # its model, the whole suite (8 pytest-xdist workers), eager against graphs
 #                                     # for base
-#   scripts/gpu_checks.sh levers   # issue 15 on a GPU: what makes one model of the default cheaper there (one call):
+#   benchmarks/gpu_checks.sh levers   # what makes one model of the default cheaper on a GPU (one command):
 #                                  # validating every other epoch, 4096- and 8192-position batches (lr raised)
-#   scripts/gpu_checks.sh best [DATA]  # issue 15's GPU recipe, scripts/train_best_gpu.sh, timed whole; stopped
+#   benchmarks/gpu_checks.sh best [DATA]  # the GPU recipe, transformer-recipe best_gpu, timed whole; stopped
 #                                      # after BEST_LIMIT seconds (default 560), the runs kept in
-#                                      # outputs/gpu_best_DATA: call it again (the machine still warm) to finish;
+#                                      # outputs/gpu_best_DATA: run it again (the machine still warm) to finish;
 #                                      # SUITE_BESIDE=1: the whole suite beside it (4 workers, niced, outside MPS)
-#   scripts/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
-#   scripts/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
+#   benchmarks/gpu_checks.sh tests    # the suite's gpu tests, then the whole suite
+#   benchmarks/gpu_checks.sh speed    # training tokens/s and profiles: half (the default), small and base, eager
 #                                  # (training.cuda_graphs=false) against CUDA graphs (a GPU's default)
-#   scripts/gpu_checks.sh job      # the README's default job with CUDA graphs, timed whole; decoding its model
-#   scripts/gpu_checks.sh decode   # issue 11's decoding target: the default job (3 minutes at most), then greedy and
+#   benchmarks/gpu_checks.sh job      # the README's default job with CUDA graphs, timed whole; decoding its model
+#   benchmarks/gpu_checks.sh decode   # the decoding target: the default job (3 minutes at most), then greedy and
 #                                  # beam 5 on the whole test set, cache on and off, 200 / 512 / 1,000 sentences a
 #                                  # batch, timed on a second pass; one profile of each search
-#   scripts/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
-#                                          # timed whole; its training stops after 8.5 minutes (a device call: 10)
-#   scripts/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
-#                                          # (scripts/train_ensemble.sh); stopped after 9 minutes, the runs kept in
-#                                          # outputs/gpu_ensemble_DATA: call it again (the machine still warm) to
+#   benchmarks/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
+#                                          # timed whole; its training stops after 8.5 minutes (a command: 10)
+#   benchmarks/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
+#                                          # (transformer-recipe ensemble); stopped after 9 minutes, the runs kept in
+#                                          # outputs/gpu_ensemble_DATA: run it again (the machine still warm) to
 #                                          # resume them and finish
 #
 # Needs MULTI30K_DIR (a copy of Multi30k that travelled with the tree) and hydra-core, omegaconf,
@@ -52,8 +53,8 @@ bench() {  # bench NAME OVERRIDES...: transformer-benchmark into $out/NAME/
 }
 
 case "${1:-}" in
-lease)
-    runs=/tmp/gpu_lease  # the runs' folders, packed without checkpoints into $out/lease_runs.tgz at the end
+short)
+    runs=/tmp/gpu_short  # the runs' folders, packed without checkpoints into $out/short_runs.tgz at the end
     step gpu_tests timeout 120 python -m pytest -q -m gpu tests/test_gpu.py
     graphs=true  # unless the test comparing replayed graphs with the eager step failed or did not run
     if ! grep -q " passed" "$out/gpu_tests.log" || grep -q "FAILED.*test_recorded_graphs" "$out/gpu_tests.log"; then
@@ -67,10 +68,10 @@ lease)
         "hydra.run.dir=$runs/half"
     step half_graphs timeout 40 python scripts/benchmark.py training.cuda_graphs=true train_steps=200 \
         untimed_steps=30 decode_sentences=20 "hydra.run.dir=$runs/half_graphs"
-    tar czf "$out/lease_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
+    tar czf "$out/short_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
     ;;
-lease_more)
-    runs=/tmp/gpu_lease_more
+short_more)
+    runs=/tmp/gpu_short_more
     step de_en_job timeout 180 python scripts/train.py data=multi30k_de_en training.cuda_graphs=true \
         training.max_minutes=3 "hydra.run.dir=$runs/de_en_job"
     grep -h "training stopped\|projected\|test " "$runs/de_en_job/train.log" | tail -n 4
@@ -81,7 +82,7 @@ lease_more)
         train_steps=60 untimed_steps=10 decode_sentences=10 "hydra.run.dir=$runs/base"
     step base_graphs timeout 40 python scripts/benchmark.py model=base training.max_tokens=16384 \
         training.cuda_graphs=true train_steps=60 untimed_steps=10 decode_sentences=10 "hydra.run.dir=$runs/base_graphs"
-    tar czf "$out/lease_more_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
+    tar czf "$out/short_more_runs.tgz" --exclude='*.pt' -C "$(dirname "$runs")" "$(basename "$runs")"
     ;;
 levers)
     runs=/tmp/gpu_levers
@@ -97,11 +98,11 @@ levers)
     ;;
 best)
     data="${2:-multi30k_en_de}"
-    runs="outputs/gpu_best_$data"  # outside $out: the next call resumes what this one leaves
-    if [[ ${SUITE_BESIDE:-0} == 1 ]]; then  # as in session 29: the whole suite on 4 niced workers, outside MPS
+    runs="outputs/gpu_best_$data"  # outside $out: the next command resumes what this one leaves
+    if [[ ${SUITE_BESIDE:-0} == 1 ]]; then  # the whole suite on 4 niced workers, outside MPS
         OMP_NUM_THREADS=1 nice -n 10 python -m pytest -q -n 4 -p no:cacheprovider >"$out/suite.log" 2>&1 &
     fi
-    step "best_$data" timeout -s INT -k 30 "${BEST_LIMIT:-560}" scripts/train_best_gpu.sh "$runs" "data=$data"
+    step "best_$data" timeout -s INT -k 30 "${BEST_LIMIT:-560}" python -m transformer recipe best_gpu "$runs" "data=$data"
     grep -h "MPS\|the recipe took" "$out/best_$data.log"
     for log in "$runs"/*/seed_*/train.log; do
         echo "$log: $(grep -h "training stopped" "$log" | tail -n 1 | sed 's/.*training stopped/stopped/')"
@@ -151,17 +152,17 @@ quality)
     ;;
 ensemble)
     data="${2:-multi30k_en_de}"
-    runs="outputs/gpu_ensemble_$data"  # outside $out: the next call resumes what this one leaves
+    runs="outputs/gpu_ensemble_$data"  # outside $out: the next command resumes what this one leaves
     # SIGINT, not timeout's SIGTERM: a run interrupted so saves last.pt after its current step
-    SEEDS="1234 1 2 3" PARALLEL=4 step "ensemble_$data" timeout -s INT -k 60 540 scripts/train_ensemble.sh "$runs" \
-        experiment=multi30k_cpu "data=$data" training.save_every_minutes=1
+    step "ensemble_$data" timeout -s INT -k 60 540 python -m transformer recipe ensemble "$runs" experiment=multi30k_cpu \
+        "data=$data" training.save_every_minutes=1 --seeds 1234,1,2,3 --parallel 4 --mps
     for log in "$runs"/seed_*/train.log; do
         echo "$log: $(grep "validation: bleu" "$log" | tail -n 1)"
     done
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 lease|lease_more|levers|best|tests|speed|job|decode|quality|ensemble [DATA]" >&2
+    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,240 @@
+"""Recipes: several trainings and what is made of them, run by ``transformer-recipe``.
+
+    transformer-recipe ensemble OUT_DIR [OVERRIDES...] [--seeds 1234,1,2] [--parallel N] [--more-members RUN,...]
+    transformer-recipe diversified OUT_DIR [OVERRIDES...] [--seeds ...] [--backward-seeds ...] [--student-seeds ...]
+    transformer-recipe best_gpu OUT_DIR [OVERRIDES...] [--no-mps]
+
+(``--parallel N --mps`` trains an ensemble's runs side by side on one GPU.)
+
+- **ensemble**: one run per seed in ``OUT_DIR/seed_<seed>``, scored as one ensemble on the validation and test
+  splits (``OUT_DIR/ensemble_val``, ``OUT_DIR/ensemble_test``) (docs/RESULTS.md, "Ensembles").
+- **diversified**: data diversification (docs/RESULTS.md, "Data diversification"): teachers in both directions,
+  their translations of the training split (``OUT_DIR/corpus``, three times the pairs), students on it, the students
+  scored as one ensemble (``OUT_DIR/student/ensemble_test``).
+- **best_gpu**: the diversification recipe shaped for one GPU: its runs train side by side under NVIDIA MPS.
+
+OVERRIDES go to every training. Run a recipe again after a crash or Ctrl-C, with the same overrides: a finished
+run is kept, a started one resumed (:mod:`transformer.app.runs`). The data is made ready in this process before any
+run starts, so that runs side by side share it; scoring runs in this process too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from transformer.app import diversify, pipeline
+from transformer.app.mps import mps
+from transformer.app.runs import TRAIN_COMMAND, RunSpec, supervise
+from transformer.app.schemas import PrepareDataConfig
+from transformer.checkpoint import RunDir
+from transformer.config import ConfigError, TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def compose_command(name: str, overrides: Sequence[str]) -> Any:
+    """The typed config of command ``name`` (``train``, ``evaluate``, ``diversify``) that ``overrides`` compose, as
+    the command would; ``ConfigError`` with Hydra's message when they do not compose."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from transformer.app.cli import CONFIG_PATH
+    from transformer.app.schemas import register_configs
+
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+            # The run folder of ``train`` is Hydra's, resolved only in a Hydra job: the recipe reads other keys.
+            cfg = compose(name, overrides=[*overrides, "output_dir=unused"] if name == "train" else list(overrides))
+        return OmegaConf.to_object(cfg)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ConfigError(f"the recipe's overrides do not compose ({' '.join(overrides)}): {error}") from None
+
+
+def compose_train(overrides: Sequence[str]) -> TrainConfig:
+    return compose_command("train", overrides)
+
+
+def quoted(value: object) -> str:
+    """``value`` quoted for a Hydra override (paths may hold characters Hydra would parse)."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def hydra_list(items: Sequence[object]) -> str:
+    """``['a','b']`` for a Hydra override."""
+    return "[" + ",".join(quoted(item) for item in items) + "]"
+
+
+def passed_on(overrides: Sequence[str], keys: Sequence[str]) -> list[str]:
+    """The overrides of ``keys`` (a group ``eval`` matches ``eval=...`` and ``eval.x=...``)."""
+    return [o for o in overrides if any(o.startswith((f"{key}=", f"{key}.")) for key in keys)]
+
+
+@dataclass
+class Options:
+    """What every recipe shares: where, with which overrides, how many runs at once, how runs are started."""
+
+    out: Path
+    overrides: list[str]
+    parallel: int = 1
+    train_command: Sequence[str] = TRAIN_COMMAND
+    prepare: bool = True  # make the data ready in this process first (tests with a fake command: False)
+    train_only: bool = False  # train (or keep) the runs, score nothing
+
+
+def prepare(overrides: Sequence[str]) -> TrainConfig:
+    """Compose the config and make its data ready (corpus checked, tokenizers and encoded split cached)."""
+    cfg = compose_train(overrides)
+    pipeline.prepare_data(PrepareDataConfig(data=cfg.data))
+    return cfg
+
+
+def member_specs(out: Path, overrides: Sequence[str], seeds: Sequence[int]) -> list[RunSpec]:
+    return [RunSpec(out / f"seed_{seed}", (*overrides, f"training.seed={seed}"), f"seed {seed}") for seed in seeds]
+
+
+def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str], valid_split: str = "val") -> dict:
+    """Score ``members`` (run folders) as one ensemble on ``valid_split`` and on the test split, decoded as the
+    ``eval`` and ``device`` overrides among ``overrides`` say; the test metrics."""
+    first, *others = members
+    common = [f"run_dir={quoted(first)}", f"ensemble={hydra_list(others)}",
+              *passed_on(overrides, ("eval", "device"))]
+    pipeline.evaluate(compose_command("evaluate", [*common, f"split={valid_split}",
+                                                   f"output_dir={quoted(out / 'ensemble_val')}"]))
+    return pipeline.evaluate(compose_command("evaluate", [*common,
+                                                          f"output_dir={quoted(out / 'ensemble_test')}"]))
+
+
+def report_members(members: Sequence[Path]) -> None:
+    """Each run's own test score, as its training recorded it in ``metrics.json``."""
+    for member in members:
+        test = json.loads(RunDir(member).metrics.read_text(encoding="utf-8"))["test"]
+        tokenized = "" if test.get("tokenized_bleu") is None else f", tokenized BLEU {test['tokenized_bleu']:.2f}"
+        print(f"{member}: test BLEU {test['bleu']:.2f}, chrF {test['chrf']:.2f}{tokenized}")
+
+
+def check_finished(runs: Sequence[Path], what: str) -> None:
+    """Refuse, before any training, runs to score with the recipe's that are not finished."""
+    for run in runs:
+        if not RunDir(run).final.is_file():
+            raise ConfigError(f"{what}: {run} is not a finished run (no {RunDir(run).final})")
+
+
+def ensemble(options: Options, seeds: Sequence[int], more_members: Sequence[Path] = (),
+             valid_split: str = "val") -> dict | None:
+    """Train one run per seed (kept, resumed or new) and score them, with ``more_members``, as one ensemble; the
+    ensemble's test metrics (None when only training, or with one run)."""
+    if not seeds:
+        raise ConfigError("seeds: name at least one seed")
+    check_finished(more_members, "more_members")
+    if options.prepare:
+        prepare(options.overrides)
+    specs = member_specs(options.out, options.overrides, seeds)
+    supervise(specs, parallel=options.parallel, train_command=options.train_command)
+    members = [spec.run for spec in specs] + list(more_members)
+    if options.train_only:
+        return None
+    if len(members) == 1:
+        report_members(members)
+        return None
+    metrics = score_ensemble(members, options.out, options.overrides, valid_split)
+    report_members(members)
+    return metrics
+
+
+@dataclass
+class Diversified:
+    """The seeds of data diversification's runs (``none`` on the command line: no runs of that kind)."""
+
+    seeds: list[int] = field(default_factory=lambda: [1234, 1, 2])  # forward teachers
+    backward_seeds: list[int] = field(default_factory=lambda: [1234, 1])
+    student_seeds: list[int] = field(default_factory=lambda: [1234, 1, 2])
+    wide_student_seeds: list[int] = field(default_factory=lambda: [1234])
+    student_epochs: int = 15  # 46 epochs' worth of updates on three times the pairs
+    score_teachers: bool = True
+
+
+def diversified(options: Options, plan: Diversified) -> dict | None:
+    """Teachers both ways, the corpus they extend, students on it scored as one ensemble; its test metrics."""
+    if not plan.seeds:
+        raise ConfigError("seeds: the forward teachers need at least one seed")
+    overrides = ["training.max_minutes=null", *options.overrides]  # first, so that a limit among them wins
+    cfg = compose_train(overrides)  # a bad override stops the recipe here, before any training
+    backward = [*overrides, f"data.src={cfg.data.tgt}", f"data.tgt={cfg.data.src}"]
+    out = options.out
+    if options.prepare:
+        prepare(overrides)
+        if plan.backward_seeds:
+            prepare(backward)
+    teachers = member_specs(out / "forward", overrides, plan.seeds) \
+        + member_specs(out / "backward", backward, plan.backward_seeds)
+    # The two directions side by side: up to twice ``parallel`` runs at once.
+    supervise(teachers, parallel=options.parallel * (2 if options.parallel > 1 else 1),
+              train_command=options.train_command)
+    if plan.score_teachers and not options.train_only:
+        for side, seeds, composed in (("forward", plan.seeds, overrides), ("backward", plan.backward_seeds, backward)):
+            if len(seeds) > 1:
+                score_ensemble([out / side / f"seed_{seed}" for seed in seeds], out / side, composed)
+    corpus = out / "corpus"
+    if (corpus / "diversify.json").is_file():
+        log.info("diversified corpus: made earlier, kept (%s)", corpus)
+    else:
+        make_corpus(out, overrides, plan)
+    student = [*overrides, f"data.train_dir={corpus}", "data.max_pairs=null",
+               f"training.max_epochs={plan.student_epochs}"]
+    if options.prepare:
+        prepare(student)
+    students = member_specs(out / "student", student, plan.student_seeds) \
+        + member_specs(out / "student_wide", [*student, "model=wide"], plan.wide_student_seeds)
+    supervise(students, parallel=options.parallel * (2 if options.parallel > 1 else 1),
+              train_command=options.train_command)
+    if options.train_only:
+        return None
+    metrics = score_ensemble([spec.run for spec in students], out / "student", overrides)
+    report_members([spec.run for spec in students])
+    return metrics
+
+
+def make_corpus(out: Path, overrides: Sequence[str], plan: Diversified) -> None:
+    """The training split extended by the teachers' translations of it (``transformer-diversify``'s search; of the
+    recipe's overrides only the device and ``eval.batch_size`` reach this step)."""
+    shutil.rmtree(out / "corpus", ignore_errors=True)  # a crash before diversify.json leaves nothing worth keeping
+    diversify.run(compose_command("diversify", [
+        f"forward={hydra_list([out / 'forward' / f'seed_{seed}' for seed in plan.seeds])}",
+        f"backward={hydra_list([out / 'backward' / f'seed_{seed}' for seed in plan.backward_seeds])}",
+        f"out_dir={quoted(out / 'corpus')}", *passed_on(overrides, ("device", "eval.batch_size"))]))
+
+
+BEST_GPU_OVERRIDES = ("training.validate_every_steps=1082", "eval.batch_size=2048")
+
+
+def best_gpu(options: Options, plan: Diversified, use_mps: bool = True) -> dict | None:
+    """Data diversification on one GPU: runs side by side (three teachers of each direction at once, then the
+    students) under MPS, validating every 1,082 steps, decoding 2,048 sentences a batch; teachers' ensembles
+    unscored. Measured on one H100: 9.0 minutes each way (docs/RESULTS.md, "Nine minutes on one H100")."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("best_gpu is the recipe for a GPU, and torch sees none here; on a CPU, "
+                          f"transformer-recipe diversified {options.out} trains the same recipe one run at a time "
+                          "(about 8.5 hours on 2 cores)")
+    started = time.monotonic()
+    options.overrides = [*BEST_GPU_OVERRIDES, *options.overrides]
+    with mps(enabled=use_mps):
+        metrics = diversified(options, Diversified(**{**vars(plan), "score_teachers": False}))
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    print(f"the recipe took {minutes} min {seconds} s")
+    if metrics is not None:
+        print(f"translate with it: transformer-translate checkpoint={metrics['checkpoint']} "
+              f"'ensemble=[{','.join(metrics['ensemble'])}]' < input.txt > output.txt")
+    return metrics

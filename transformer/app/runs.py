@@ -1,0 +1,167 @@
+"""Training runs as child processes, supervised: what a recipe launches.
+
+A run's state is its run directory, never its log text: ``metrics.json`` written means finished (kept), a
+``checkpoints/last.pt`` means started (resumed with ``resume=RUN``), neither means new. :func:`supervise` starts the
+runs, at most ``parallel`` at once, each in a session of its own with its console in ``RUN.out``; a run that fails
+stops the others from starting (they would fail alike). Ctrl-C or SIGTERM reaches the recipe alone, which passes
+one SIGINT to every run, starts none after, and waits until each has saved its ``last.pt`` and stopped; a second
+interrupt passes a second SIGINT on, which aborts the runs without saving.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from transformer.checkpoint import RunDir
+
+log = logging.getLogger(__name__)
+
+# How a recipe starts a training: this interpreter, the package's own entry point (tests give a fake one).
+TRAIN_COMMAND = (sys.executable, "-m", "transformer", "train")
+
+
+class RunState(enum.Enum):
+    new = "new"
+    started = "started"  # a checkpoint to resume from
+    finished = "finished"  # metrics.json written: scored on the test set
+
+
+def run_state(run: Path) -> RunState:
+    """What a run directory says of its run."""
+    folder = RunDir(run)
+    if folder.metrics.is_file():
+        return RunState.finished
+    if folder.last.is_file():
+        return RunState.started
+    return RunState.new
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training of a recipe: its run directory and its overrides (the recipe's, then its own)."""
+
+    run: Path
+    overrides: tuple[str, ...]
+    label: str = ""
+
+    @property
+    def console(self) -> Path:
+        return self.run.with_name(self.run.name + ".out")
+
+    def command(self, train_command: Sequence[str]) -> list[str]:
+        """The command line that trains, resumes or (finished) would redo this run."""
+        where = [f"resume={self.run}", f"hydra.run.dir={self.run}.resumed"] \
+            if run_state(self.run) is RunState.started else [f"hydra.run.dir={self.run}"]
+        return [*train_command, *self.overrides, "training.progress_bar=false", *where]
+
+
+class RecipeInterrupted(KeyboardInterrupt):
+    """The recipe was interrupted; every run it had started has saved and stopped."""
+
+
+class RunFailed(RuntimeError):
+    """A run of the recipe failed; the message names its console file."""
+
+
+@dataclass
+class _Supervisor:
+    train_command: Sequence[str]
+    parallel: int
+    running: dict[RunSpec, tuple[subprocess.Popen, IO[bytes]]] = field(default_factory=dict)
+    failed: list[RunSpec] = field(default_factory=list)
+    interrupts: int = 0  # Ctrl-C / SIGTERM received
+    signalled: dict[int, int] = field(default_factory=dict)  # SIGINTs passed on, by process id
+
+    @property
+    def interrupted(self) -> bool:
+        return self.interrupts > 0
+
+    def start(self, spec: RunSpec) -> None:
+        state = run_state(spec.run)
+        log.info("%s: %s %s", spec.label or spec.run.name, "resuming" if state is RunState.started else "training",
+                 spec.run)
+        spec.run.parent.mkdir(parents=True, exist_ok=True)
+        console = open(spec.console, "ab")
+        # A session of its own: a terminal's Ctrl-C reaches the recipe alone, which passes it on once.
+        process = subprocess.Popen(spec.command(self.train_command), stdout=console, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        self.running[spec] = (process, console)
+
+    def reap(self) -> None:
+        """Forget the runs that ended, noting failures."""
+        for spec, (process, console) in list(self.running.items()):
+            if process.poll() is None:
+                continue
+            console.close()
+            del self.running[spec]
+            if process.returncode != 0:
+                self.failed.append(spec)
+                log.error("%s: failed (exit %d), see %s", spec.label or spec.run.name, process.returncode,
+                          spec.console)
+
+    def interrupt(self, signum: int, frame: object) -> None:
+        """Pass the interrupt on: the first makes every run save after its step and stop, a second aborts them
+        without saving (as two Ctrl-C do to one run)."""
+        self.interrupts += 1
+        if self.interrupts == 1:
+            log.warning("interrupted: every run saves and stops (interrupt again to abort them without saving)")
+        for process, _ in self.running.values():
+            while self.signalled.get(process.pid, 0) < self.interrupts:
+                self.signalled[process.pid] = self.signalled.get(process.pid, 0) + 1
+                process.send_signal(signal.SIGINT)
+
+
+@contextmanager
+def _signals_to(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM call ``handler`` in the block (when this is the main thread), as before after it."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig in saved:
+            signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, before in saved.items():
+            signal.signal(sig, before)
+
+
+def supervise(specs: Sequence[RunSpec], *, parallel: int = 1, train_command: Sequence[str] = TRAIN_COMMAND,
+              poll_seconds: float = 0.2) -> None:
+    """Train every run of ``specs`` that is not finished, ``parallel`` at a time, and wait for them.
+
+    Raises:
+        RecipeInterrupted: on Ctrl-C or SIGTERM, once every started run has saved and stopped.
+        RunFailed: after the runs already started have stopped, when one failed (none is started after it).
+    """
+    supervisor = _Supervisor(train_command, max(1, parallel))
+    todo = []
+    for spec in specs:
+        if run_state(spec.run) is RunState.finished:
+            log.info("%s: finished earlier, kept (%s)", spec.label or spec.run.name, spec.run)
+        else:
+            todo.append(spec)
+    with _signals_to(supervisor.interrupt):
+        while todo or supervisor.running:
+            supervisor.reap()
+            go_on = not supervisor.interrupted and not supervisor.failed
+            while go_on and todo and len(supervisor.running) < supervisor.parallel:
+                supervisor.start(todo.pop(0))
+            if not go_on:
+                todo.clear()
+            if supervisor.running:
+                time.sleep(poll_seconds)
+    if supervisor.interrupted:
+        raise RecipeInterrupted("interrupted: every run saved; run the recipe again, with the same overrides, to "
+                                "resume")
+    if supervisor.failed:
+        consoles = ", ".join(str(spec.console) for spec in supervisor.failed)
+        raise RunFailed(f"a run failed (see {consoles}); run the recipe again, with the same overrides, to resume")

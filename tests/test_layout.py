@@ -113,3 +113,10 @@ def test_right_way_imports_pass():
 def test_no_module_is_long():
     long = {module_name(p): n for p in package_modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_public_names_are_importable_from_the_package():
+    import transformer
+
+    assert transformer.__all__ and all(getattr(transformer, name) is not None for name in transformer.__all__)
+    assert {"Transformer", "build_model", "TrainConfig", "load_trained", "beam_search"} <= set(transformer.__all__)

@@ -57,3 +57,16 @@ def test_link_atomically_makes_the_target_hold_the_sources_bytes(tmp_path):
     files.link_atomically(source, target)
     assert target.read_bytes() == b"step five"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step_5.pt"]
+
+
+def test_a_written_file_gets_the_mode_open_would_give(tmp_path):
+    """Not mkstemp's private 0600: a cache shared between users must stay readable."""
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        files.write_text(tmp_path / "meta.json", "{}")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "meta.json").stat().st_mode) == 0o644

@@ -52,7 +52,9 @@ def imported_modules(source: str, module: str) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "transformer"]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:  # the package imports absolutely, always
+            found.append((node.lineno, f"{'.' * node.level}{node.module or ''} (a relative import)"))
+        elif isinstance(node, ast.ImportFrom) and node.module:
             if node.module.split(".")[0] != "transformer":
                 continue
             folder = PACKAGE.parent.joinpath(*node.module.split("."))
@@ -69,6 +71,9 @@ def wrong_way(source: str, module: str) -> list[str]:
         return []
     problems = []
     for line, target in imported_modules(source, module):
+        if target.startswith("."):
+            problems.append(f"{module}:{line} imports {target}")
+            continue
         there = part_of(target)
         if there == "shared" or there == here or there in ALLOWED[here]:
             continue
@@ -98,6 +103,7 @@ def test_imports_run_one_way():
     ("transformer.inference.loading", "import transformer.training.checkpoints", "(training)"),
     ("transformer.config", "from transformer.data.tokenizer import Tokenizer", "(shared) imports"),
     ("transformer.training.trainer", "from transformer import TrainConfig", "imports transformer (root)"),
+    ("transformer.model.layers", "from ..app import cli", "..app (a relative import)"),
 ])
 def test_a_wrong_way_import_is_found(module, source, expected):
     problems = wrong_way(source, module)

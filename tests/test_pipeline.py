@@ -346,7 +346,6 @@ def test_resuming_an_earlier_checkpoint_retrains_the_same_steps(compose_config, 
     assert torch.load(run.last, weights_only=True)["step"] == 4 and (run.checkpoints / "abandoned_after_step_4.2").is_dir()
 
 
-
 def test_a_torn_last_checkpoint_names_the_way_back_and_is_set_aside_by_resuming_an_earlier_one(compose_config,
                                                                                              toy_corpus, tmp_path):
     steps = ["training.max_steps=8", "training.validate_every_steps=4", "training.average_last=0"]

@@ -111,7 +111,6 @@ def test_loss_ppl_bleu_and_chrf() -> None:
     assert metrics["bleu"] < 100.0
 
 
-
 def test_samples_and_the_alignment_of_the_first_sentence_are_logged(monkeypatch) -> None:
     model, cfg, tracker = _model(), _config(), RecordingTracker()
     long_first = " ".join(SRC_WORDS[i % 8] for i in range(60))  # longer than the figures' token limit

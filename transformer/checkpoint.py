@@ -118,7 +118,7 @@ def check_plain(value: object, key: str = "state") -> None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False) -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(weights_only=True)`` (``mmap``: its
+    """Read a checkpoint written by :func:`transformer.training.checkpoints.save_checkpoint` with ``torch.load(weights_only=True)`` (``mmap``: its
     tensors mapped from the file, read only when used).
 
     Raises:

@@ -3,8 +3,8 @@
 Hydra composes YAML (which only overrides) on top of these dataclass schemas, so a misspelt key or a
 wrong type fails at compose time naming the key. Range checks live in ``__post_init__``, which
 ``OmegaConf.to_object`` runs, and name the dotted key. Choices are ``Enum`` fields, so Hydra lists the
-valid values when given another. Each command's root schema, which composes the groups, is in
-``command_config``.
+valid values when given another. ``TrainConfig`` (a run, as every checkpoint stores it) is here; the other
+commands' root schemas are in ``transformer.app.schemas``.
 """
 
 from __future__ import annotations
@@ -418,7 +418,6 @@ class TrainConfig:
         check(self.training.r_drop == 0 or max(model.dropout, model.attention_dropout, model.hidden_dropout) > 0,
               "training.r_drop", "needs dropout (model.dropout, model.attention_dropout or model.activation_dropout "
               "> 0): without it both passes agree, and the step would cost twice as much for nothing")
-
 
 
 def to_plain_dict(cfg: Any) -> dict[str, Any]:

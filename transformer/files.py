@@ -1,4 +1,4 @@
-"""Files that are whole or absent: every write of this package goes through here.
+"""Files that are whole or absent: every write that a crash must not tear goes through here.
 
 A file is written to a temporary sibling, flushed and fsynced, renamed over its name (``os.replace``, atomic on
 POSIX), and the folder is fsynced so that the rename itself survives a power cut. A crash at any point leaves the
@@ -57,6 +57,7 @@ def atomic_write(path: str | Path, mode: str = "wb", *, suffix: str = ".tmp",
     if "b" not in mode and encoding is None:
         encoding = "utf-8"
     try:
+        os.fchmod(fd, _new_file_mode())  # mkstemp's file is private; the file it becomes is not (a shared cache)
         with os.fdopen(fd, mode, encoding=encoding) as handle:
             yield handle
             handle.flush()
@@ -66,6 +67,13 @@ def atomic_write(path: str | Path, mode: str = "wb", *, suffix: str = ".tmp",
         Path(tmp_name).unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
+
+
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0o666 less the process's umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def write_text(path: str | Path, text: str) -> None:

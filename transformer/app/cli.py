@@ -21,7 +21,6 @@ from transformer.app.schemas import register_configs
 log = logging.getLogger(__name__)
 
 
-
 def config_root() -> Path:
     """The folder of the YAML configs: the source tree's ``configs/``, else the wheel's packaged copy."""
     package = Path(__file__).resolve().parents[1]
@@ -100,6 +99,7 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
 def _train(cfg: DictConfig) -> float | None:
     from transformer.app import pipeline
+
     def train(cfg: DictConfig) -> dict:
         cfg, recipe = _with_recipe(cfg)
         return pipeline.train(OmegaConf.to_object(cfg), recipe)
@@ -111,39 +111,51 @@ def _train(cfg: DictConfig) -> float | None:
 @hydra.main(config_path=CONFIG_PATH, config_name="evaluate", version_base="1.3")
 def _evaluate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
+
     _run(pipeline.evaluate, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="translate", version_base="1.3")
 def _translate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
+
     _run(pipeline.translate, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="diversify", version_base="1.3")
 def _diversify(cfg: DictConfig) -> None:
     from transformer.app import diversify
+
     _run(diversify.run, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_data", version_base="1.3")
 def _prepare_data(cfg: DictConfig) -> None:
     from transformer.app import pipeline
+
     _run(pipeline.prepare_data, cfg)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="export", version_base="1.3")
+def _export(cfg: DictConfig) -> None:
+    from transformer.app import pipeline
+
+    _run(pipeline.export, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="benchmark", version_base="1.3")
 def _benchmark(cfg: DictConfig) -> None:
     from transformer.app import benchmark
+
     _run(benchmark.run, cfg)
 
 
 def _setup() -> None:
-    """Register the config schemas; make Ctrl-C stop a command that a script started in the background.
+    """Register the config schemas; make Ctrl-C stop a command that a shell script started in the background.
 
     Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
-    process group, and the scripts wait for their runs to stop: so SIGINT raises KeyboardInterrupt here too, from
-    the start (training itself first finishes its step and saves: ``runtime.defer_sigint``).
+    process group: so SIGINT raises KeyboardInterrupt here too, from the start (training itself first finishes its
+    step and saves: ``runtime.defer_sigint``).
     """
     register_configs()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
@@ -175,6 +187,11 @@ def prepare_data_main() -> None:
     _prepare_data()
 
 
+def export_main() -> None:
+    _setup()
+    _export()
+
+
 def benchmark_main() -> None:
     _setup()
     _benchmark()
@@ -183,6 +200,7 @@ def benchmark_main() -> None:
 def average_main() -> None:
     """``transformer-average OUT.pt IN1.pt IN2.pt ...``: average model weights of checkpoints."""
     from transformer.app import pipeline
+
     if len(sys.argv) < 4:
         sys.exit("usage: transformer-average OUT.pt IN1.pt IN2.pt [...]")
     try:
@@ -196,28 +214,30 @@ def recipe_main() -> None:
     what is made of them (:mod:`transformer.app.recipes`)."""
     from transformer.app import recipes
     from transformer.app.mps import mps
-    from transformer.app.runs import RecipeInterrupted, RunFailed
+    from transformer.app.runs import RunFailed
 
     args = _recipe_parser().parse_intermixed_args()
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in a script's background: Ctrl-C still stops it
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    options = recipes.Options(Path(args.out_dir), list(args.overrides), parallel=args.parallel,
-                              train_only=args.train_only)
-    plan = recipes.Diversified(args.seeds or [1234, 1, 2], args.backward_seeds, args.student_seeds,
-                               args.wide_student_seeds, args.student_epochs, not args.no_score_teachers)
+    # Ctrl-C, and SIGTERM alike, end the recipe as KeyboardInterrupt wherever it is (MPS is stopped on the way out);
+    # while runs train, the recipe passes them on instead (transformer.app.runs). Also when started in a script's
+    # background, which ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    parallel = args.parallel or (3 if args.recipe == "best_gpu" else 1)
+    options = recipes.Options(Path(args.out_dir), list(args.overrides), parallel=parallel, train_only=args.train_only)
+    plan = recipes.Diversified(args.seeds, args.backward_seeds, args.student_seeds, args.wide_student_seeds,
+                               args.student_epochs, not args.no_score_teachers)
     try:
         if args.recipe == "best_gpu":
-            options.parallel = args.parallel if args.parallel > 1 else 3
             recipes.best_gpu(options, plan, use_mps=args.mps is not False)
             return
         with mps(enabled=bool(args.mps)):
             if args.recipe == "ensemble":
-                recipes.ensemble(options, args.seeds or [1234, 1, 2], args.more_members, args.valid_split)
+                recipes.ensemble(options, args.seeds, args.more_members, args.valid_split)
             else:
                 recipes.diversified(options, plan)
-    except RecipeInterrupted as interrupted:
-        log.error("%s", interrupted)
+    except KeyboardInterrupt as interrupted:  # RecipeInterrupted, or an interrupt outside the runs' training
+        log.error("%s", interrupted or "interrupted: run the recipe again, with the same overrides, to resume")
         sys.exit(130)
     except (RunFailed, *_user_errors()) as error:
         log.error("%s", error)
@@ -243,13 +263,14 @@ def _recipe_parser() -> Any:
     parser.add_argument("recipe", choices=["ensemble", "diversified", "best_gpu"])
     parser.add_argument("out_dir", help="the recipe's folder: its runs, corpus and scores")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
-    parser.add_argument("--seeds", type=_seeds, help="the runs' seeds (diversified: the forward teachers'), "
-                        "comma-separated (default 1234,1,2)")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once: more only on a GPU (best_gpu: 3)")
+    parser.add_argument("--seeds", type=_seeds, default=[1234, 1, 2], help="the runs' seeds (diversified: the "
+                        "forward teachers'), comma-separated (default 1234,1,2)")
+    parser.add_argument("--parallel", type=int, help="runs at once: more only on a GPU (default 1; best_gpu: 3)")
     parser.add_argument("--train-only", action="store_true", help="train or keep the runs, score nothing")
     parser.add_argument("--more-members", type=lambda text: [Path(p) for p in text.split(",") if p], default=[],
                         help="ensemble: finished runs of another recipe on the same data, scored with these")
-    parser.add_argument("--valid-split", default="val", help="ensemble: the corpus's validation split")
+    parser.add_argument("--valid-split", help="ensemble: the split to score it on besides the test split (default: "
+                        "the corpus's data.valid_split)")
     parser.add_argument("--backward-seeds", type=_seeds, default=[1234, 1], help="diversified (none: no backward "
                         "teachers)")
     parser.add_argument("--student-seeds", type=_seeds, default=[1234, 1, 2])

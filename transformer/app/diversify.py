@@ -63,7 +63,7 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
         "backward": [] if backward is None else [str(path) for path in (backward.path, *backward.ensemble_paths)],
         "eval": to_plain_dict(cfg.eval),
     }
-    record_path = Path(cfg.out_dir) / "diversify.json"  # written last and whole: scripts take it as "done"
+    record_path = Path(cfg.out_dir) / "diversify.json"  # written last and whole: recipes take it as "done"
     files.write_json(record_path, record)
     log.info("wrote %d pairs (%d original) to %s; train on them with data.train_dir=%s", len(new_src), len(src),
              " and ".join(map(str, paths)), cfg.out_dir)

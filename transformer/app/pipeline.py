@@ -21,7 +21,7 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer import files
-from transformer.app.schemas import EvaluateConfig, PrepareDataConfig, TranslateConfig
+from transformer.app.schemas import EvaluateConfig, ExportConfig, PrepareDataConfig, TranslateConfig
 from transformer.config import ConfigError, ModelConfig, TrainConfig, flatten, from_plain_dict, to_plain_dict
 from transformer.data import cache as corpus_cache
 from transformer.data.batching import Batch, TokenBucketSampler, collate_arrays
@@ -130,12 +130,12 @@ def _log_into(path: Path | None) -> Iterator[None]:
     ``train.log`` there too; Hydra's directory for this invocation keeps its own copy.
     """
     root = logging.getLogger()
-    files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
-    if path is None or any(Path(h.baseFilename) == path.absolute() for h in files):
+    handlers = [h for h in root.handlers if isinstance(h, logging.FileHandler)]
+    if path is None or any(Path(h.baseFilename) == path.absolute() for h in handlers):
         yield
         return
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
-    handler.setFormatter(files[0].formatter if files else logging.Formatter(_LOG_FORMAT))
+    handler.setFormatter(handlers[0].formatter if handlers else logging.Formatter(_LOG_FORMAT))
     root.addHandler(handler)
     try:
         yield
@@ -347,6 +347,17 @@ def translate(cfg: TranslateConfig) -> None:
         sys.stdout.flush()
     else:
         files.write_text(cfg.output, text)  # a crash while writing leaves any earlier file as it was
+
+
+def export(cfg: ExportConfig) -> None:
+    """Write the model of a run or checkpoint as a CTranslate2 model directory (transformer/inference/export.py)."""
+    from transformer.inference.export import export as export_model
+
+    trained = load_model(cfg.run_dir, cfg.checkpoint, [], torch.device("cpu"))
+    decoding = {key: value for key, value in to_plain_dict(cfg.eval).items()
+                if key in ("beam_size", "length_norm", "length_penalty", "max_len_a", "max_len_b")}
+    out = export_model(trained, cfg.out_dir, cfg.quantization, decoding)
+    print(f"exported {trained.path} to {out} ({cfg.quantization})")
 
 
 def _check_output_file(path: str, input_path: str | None) -> None:

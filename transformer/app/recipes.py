@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from omegaconf import OmegaConf
 
 from transformer.app import diversify, pipeline
 from transformer.app.mps import mps
-from transformer.app.runs import TRAIN_COMMAND, RunSpec, supervise
+from transformer.app.runs import TRAIN_COMMAND, RunSpec, RunState, run_state, supervise
 from transformer.app.schemas import PrepareDataConfig
 from transformer.checkpoint import RunDir
 from transformer.config import ConfigError, TrainConfig
@@ -100,12 +102,16 @@ def prepare(overrides: Sequence[str]) -> TrainConfig:
 
 
 def member_specs(out: Path, overrides: Sequence[str], seeds: Sequence[int]) -> list[RunSpec]:
-    return [RunSpec(out / f"seed_{seed}", (*overrides, f"training.seed={seed}"), f"seed {seed}") for seed in seeds]
+    """One run per seed (a seed named twice: one run), in ``out/seed_<seed>``."""
+    return [RunSpec(out / f"seed_{seed}", (*overrides, f"training.seed={seed}"), f"seed {seed}")
+            for seed in dict.fromkeys(seeds)]
 
 
-def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str], valid_split: str = "val") -> dict:
-    """Score ``members`` (run folders) as one ensemble on ``valid_split`` and on the test split, decoded as the
-    ``eval`` and ``device`` overrides among ``overrides`` say; the test metrics."""
+def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str],
+                   valid_split: str | None = None) -> dict:
+    """Score ``members`` (run folders) as one ensemble on ``valid_split`` (default: the data's validation split) and
+    on the test split, decoded as the ``eval`` and ``device`` overrides among ``overrides`` say; the test metrics."""
+    valid_split = valid_split or compose_train(overrides).data.valid_split
     first, *others = members
     common = [f"run_dir={quoted(first)}", f"ensemble={hydra_list(others)}",
               *passed_on(overrides, ("eval", "device"))]
@@ -126,12 +132,12 @@ def report_members(members: Sequence[Path]) -> None:
 def check_finished(runs: Sequence[Path], what: str) -> None:
     """Refuse, before any training, runs to score with the recipe's that are not finished."""
     for run in runs:
-        if not RunDir(run).final.is_file():
-            raise ConfigError(f"{what}: {run} is not a finished run (no {RunDir(run).final})")
+        if run_state(run) is not RunState.finished:
+            raise ConfigError(f"{what}: {run} is not a finished run (no {RunDir(run).metrics})")
 
 
 def ensemble(options: Options, seeds: Sequence[int], more_members: Sequence[Path] = (),
-             valid_split: str = "val") -> dict | None:
+             valid_split: str | None = None) -> dict | None:
     """Train one run per seed (kept, resumed or new) and score them, with ``more_members``, as one ensemble; the
     ensemble's test metrics (None when only training, or with one run)."""
     if not seeds:
@@ -222,9 +228,8 @@ def best_gpu(options: Options, plan: Diversified, use_mps: bool = True) -> dict 
     """Data diversification on one GPU: runs side by side (three teachers of each direction at once, then the
     students) under MPS, validating every 1,082 steps, decoding 2,048 sentences a batch; teachers' ensembles
     unscored. Measured on one H100: 9.0 minutes each way (docs/RESULTS.md, "Nine minutes on one H100")."""
-    import torch
-
-    if not torch.cuda.is_available():
+    probe = "import sys, torch; sys.exit(not torch.cuda.is_available())"  # apart: CUDA starts after MPS here
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode != 0:
         raise ConfigError("best_gpu is the recipe for a GPU, and torch sees none here; on a CPU, "
                           f"transformer-recipe diversified {options.out} trains the same recipe one run at a time "
                           "(about 8.5 hours on 2 cores)")

@@ -96,18 +96,21 @@ class _Supervisor:
         process = subprocess.Popen(spec.command(self.train_command), stdout=console, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
         self.running[spec] = (process, console)
+        self.pass_on()  # an interrupt that came while it started reaches it too
 
     def reap(self) -> None:
-        """Forget the runs that ended, noting failures."""
+        """Forget the runs that ended, noting failures (a run that stopped for an interrupt is none)."""
         for spec, (process, console) in list(self.running.items()):
             if process.poll() is None:
                 continue
             console.close()
             del self.running[spec]
-            if process.returncode != 0:
+            name = spec.label or spec.run.name
+            if process.returncode == 130 and self.interrupted:
+                log.info("%s: saved and stopped (%s)", name, spec.run)
+            elif process.returncode != 0:
                 self.failed.append(spec)
-                log.error("%s: failed (exit %d), see %s", spec.label or spec.run.name, process.returncode,
-                          spec.console)
+                log.error("%s: failed (exit %d), see %s", name, process.returncode, spec.console)
 
     def interrupt(self, signum: int, frame: object) -> None:
         """Pass the interrupt on: the first makes every run save after its step and stop, a second aborts them
@@ -115,16 +118,30 @@ class _Supervisor:
         self.interrupts += 1
         if self.interrupts == 1:
             log.warning("interrupted: every run saves and stops (interrupt again to abort them without saving)")
-        for process, _ in self.running.values():
+        self.pass_on()
+
+    def pass_on(self) -> None:
+        """Send every run as many SIGINTs as the recipe has received."""
+        for process, _ in list(self.running.values()):
             while self.signalled.get(process.pid, 0) < self.interrupts:
                 self.signalled[process.pid] = self.signalled.get(process.pid, 0) + 1
-                process.send_signal(signal.SIGINT)
+                if process.poll() is None:
+                    process.send_signal(signal.SIGINT)
+
+    def stop_all(self) -> None:
+        """Interrupt the runs still going and wait for them (the recipe is leaving on an error)."""
+        if self.running:
+            self.interrupt(signal.SIGINT, None)
+        while self.running:
+            self.reap()
+            time.sleep(0.1)
 
 
 @contextmanager
 def _signals_to(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """SIGINT and SIGTERM call ``handler`` in the block (when this is the main thread), as before after it."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal: the runs, in sessions of their own, would not hear it) call
+    ``handler`` in the block, as before after it. Call it from the main thread (Python's rule for handlers)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         for sig in saved:
             signal.signal(sig, handler)
@@ -144,21 +161,25 @@ def supervise(specs: Sequence[RunSpec], *, parallel: int = 1, train_command: Seq
     """
     supervisor = _Supervisor(train_command, max(1, parallel))
     todo = []
-    for spec in specs:
+    for spec in dict.fromkeys(specs):  # a run named twice is trained once
         if run_state(spec.run) is RunState.finished:
             log.info("%s: finished earlier, kept (%s)", spec.label or spec.run.name, spec.run)
         else:
             todo.append(spec)
     with _signals_to(supervisor.interrupt):
-        while todo or supervisor.running:
-            supervisor.reap()
-            go_on = not supervisor.interrupted and not supervisor.failed
-            while go_on and todo and len(supervisor.running) < supervisor.parallel:
-                supervisor.start(todo.pop(0))
-            if not go_on:
-                todo.clear()
-            if supervisor.running:
-                time.sleep(poll_seconds)
+        try:
+            while todo or supervisor.running:
+                supervisor.reap()
+                while todo and len(supervisor.running) < supervisor.parallel and not supervisor.interrupted \
+                        and not supervisor.failed:
+                    supervisor.start(todo.pop(0))
+                if supervisor.interrupted or supervisor.failed:
+                    todo.clear()
+                if supervisor.running:
+                    time.sleep(poll_seconds)
+        except BaseException:
+            supervisor.stop_all()  # no run outlives the recipe
+            raise
     if supervisor.interrupted:
         raise RecipeInterrupted("interrupted: every run saved; run the recipe again, with the same overrides, to "
                                 "resume")

@@ -1,6 +1,7 @@
-"""The root schema of each command: what ``transformer-train``, ``-evaluate``, ``-translate``, ``-prepare-data``,
-``-diversify`` and ``-benchmark`` compose from the config groups in ``config``, with the checks that span groups, and
-``register_configs`` to store them in Hydra's ConfigStore under the names the YAML roots start from.
+"""The root schema of each command but training's (``config.TrainConfig``, which every checkpoint stores): what
+``transformer-evaluate``, ``-translate``, ``-export``, ``-prepare-data``, ``-diversify`` and ``-benchmark`` compose from
+the config groups in ``config``, with the checks that span groups, and ``register_configs`` to store them all in
+Hydra's ConfigStore under the names the YAML roots start from.
 """
 
 from __future__ import annotations
@@ -74,6 +75,22 @@ class TranslateConfig:
 
 
 @dataclass
+class ExportConfig:
+    """``transformer-export``: a trained model as a CTranslate2 model directory (transformer/inference/export.py)."""
+
+    run_dir: Optional[str] = None  # a training run directory (its final checkpoint is exported)
+    checkpoint: Optional[str] = None  # or a checkpoint file
+    out_dir: Optional[str] = None  # a new folder: an export never overwrites
+    quantization: str = "none"  # none | int8 | int8_float32 | float16 | bfloat16
+    eval: EvalConfig = field(default_factory=EvalConfig)  # the decoding settings export.json records
+
+    def __post_init__(self) -> None:
+        check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
+              "give exactly one of run_dir=... or checkpoint=...")
+        check(self.out_dir is not None, "out_dir", "give the folder to create, e.g. out_dir=exports/en_de")
+
+
+@dataclass
 class DiversifyConfig:
     """``transformer-diversify``: extend a corpus's training split with its own translations (transformer/app/diversify.py)
     into a new folder, which ``transformer-train data.train_dir=<out_dir>`` then trains on."""
@@ -137,4 +154,5 @@ def register_configs() -> None:
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="prepare_data_schema", node=PrepareDataConfig)
     cs.store(name="diversify_schema", node=DiversifyConfig)
+    cs.store(name="export_schema", node=ExportConfig)
     cs.store(name="benchmark_schema", node=BenchmarkConfig)

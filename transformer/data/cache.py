@@ -19,8 +19,8 @@ sizes match is half-written (a crash, a copy cut short): it is removed and rebui
 
 Streaming: a first pass over the corpus picks a seeded random sample of at most
 ``data.tokenizer.max_sentences`` sentences to train the tokenizers; a second normalizes whitespace,
-encodes (``corpus_encoding``: in worker processes for large files), cleans by token counts (``data.cleaning_mask``) and
-appends the kept pairs to the arrays on disk, chunk by chunk.
+encodes (:mod:`transformer.data.encoding`: in worker processes for large files), cleans by token counts
+(``corpus.cleaning_mask``) and appends the kept pairs to the arrays on disk, chunk by chunk.
 """
 
 from __future__ import annotations

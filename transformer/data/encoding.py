@@ -1,5 +1,5 @@
 """Encoding a parallel corpus into flat token arrays: chunks encoded in worker processes for large files, and
-an append-only ``.npy`` writer that stores them without holding the corpus in memory (``corpus_cache`` uses both)."""
+an append-only ``.npy`` writer that stores them without holding the corpus in memory (:mod:`transformer.data.cache` uses both)."""
 
 from __future__ import annotations
 

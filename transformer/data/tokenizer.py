@@ -92,6 +92,11 @@ class SentencePieceTokenizer(_SpecialIds):
                     "(train it with build_tokenizers so the special ids are fixed)"
                 )
 
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized SentencePiece model (what ``spm.SentencePieceProcessor(model_file=...)`` reads)."""
+        return self._proto
+
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text, out_type=int)
 
@@ -238,7 +243,7 @@ class WordTokenizer(_SpecialIds):
 
     def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         """``encode`` for many texts. Python regexes gain nothing from threads (the GIL), so ``num_threads``
-        must be 1; ``corpus_cache`` runs word-level encoding in worker processes instead."""
+        must be 1; ``data.cache`` runs word-level encoding in worker processes instead."""
         if num_threads != 1:
             raise TokenizerError(f"WordTokenizer.encode_batch runs in one thread, got num_threads={num_threads}")
         return [self.encode(text) for text in texts]
@@ -278,7 +283,7 @@ def build_tokenizers(cfg: TokenizerConfig, src_texts: list[str], tgt_texts: list
     """Train the source and target tokenizers on the given training text.
 
     With ``cfg.joint`` one tokenizer is trained on both sides (source text first) and returned twice
-    (the same object). Nothing is saved: ``corpus_cache`` keeps trained tokenizers, keyed by corpus and settings.
+    (the same object). Nothing is saved: ``data.cache`` keeps trained tokenizers, keyed by corpus and settings.
     """
     if cfg.kind is TokenizerKind.sentencepiece:
         if cfg.joint:

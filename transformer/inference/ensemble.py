@@ -1,6 +1,6 @@
 """Several trained models decoding as one: an ensemble averages their next-token probabilities.
 
-``Ensemble`` implements the searches' decoder protocol (``decoding.Decoder``), so greedy and beam search,
+``Ensemble`` implements the searches' decoder protocol (``search.Decoder``), so greedy and beam search,
 the KV cache and ``inference.translate`` run on it unchanged. At each step every model scores the next
 token given the same prefix, and the ensemble's log-probability is that of the models' mean probability:
 

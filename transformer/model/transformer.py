@@ -205,7 +205,7 @@ class Transformer(nn.Module):
         return self.decoder.embed.token.embedding
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """The training path: src (batch, src_len), tgt_in (batch, tgt_len) -> logits (batch, tgt_len, tgt_vocab)."""
+        """src (batch, src_len), tgt_in (batch, tgt_len, right-padded) -> logits (batch, tgt_len, tgt_vocab)."""
         return self.project(self.hidden_states(src, tgt_in))
 
     def hidden_states(self, src: Tensor, tgt_in: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ and takes no decision on the host, so the step is written for that (``TrainStep`
 
 - a batch's shape depends only on its padded lengths: rows are filled up to what the token budget holds
   (``collate_arrays(fill_to_tokens=...)``), and the batch is copied into that shape's input buffers;
-- the loss projects every position and weights the padding by zero (``dense_loss``), instead of gathering a
+- the loss projects every position and weights the padding by zero (the objective's ``dense``), instead of gathering a
   number of positions that changes from batch to batch;
 - the learning rate and the loss scale (1 / target tokens) are device tensors that the graph reads; AdamW runs
   with ``capturable=True`` and skips a non-finite update on the device (``found_inf``);

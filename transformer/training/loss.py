@@ -43,7 +43,7 @@ def label_smoothed_sums(logits: Tensor, target: Tensor, *, smoothing: float, pad
     """``(loss_sum, nll_sum)`` of :func:`label_smoothed_cross_entropy` without the token count.
 
     It never waits for the GPU (``.item()``): the count can come from the batch. Training uses the fused
-    :func:`projected_label_smoothed_sums` (through ``Transformer.forward``); this unfused form is its reference
+    :func:`projected_label_smoothed_sums` (through ``objective.TranslationObjective``); this unfused form is its reference
     in the tests. Computed in float32 even inside a bf16 autocast region, because the log-sum-exp over a large
     vocabulary loses too much precision in bf16.
     """

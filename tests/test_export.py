@@ -1,0 +1,156 @@
+"""CTranslate2 export: a small trained model of each exportable option, exported in fp32, gives the same greedy
+translations in plain CTranslate2 as this app's own search; what it cannot run is refused by key, before anything
+is written; an export never overwrites and appears whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from transformer.app import pipeline
+from transformer.config import ConfigError, EvalConfig
+from transformer.inference.export import EXPORT_FILE, export
+from transformer.inference.loading import load_trained
+from transformer.inference.translation import translate
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+TOY = ["data=toy_copy", "model=tiny", "eval=greedy", "training.max_tokens=512", "training.max_epochs=100",
+       "training.max_steps=150", "training.validate_every_steps=150", "training.lr=3e-3", "training.warmup_steps=30",
+       "training.progress_bar=false", "training.average_last=0", "device=cpu", "model.dropout=0.0"]
+OPTIONS = {
+    "default": [],
+    "free_head_size": ["model.d_model=50", "model.n_heads=4", "model.d_head=32"],
+    "post_norm": ["model.norm=post"],
+    "gelu": ["model.activation=gelu"],
+    "learned": ["model.positions=learned"],
+    "relative": ["model.positions=relative", "model.max_relative_distance=4"],
+    "rope": ["model.positions=rope"],
+    "no_positions": ["model.positions=none"],
+    "sentencepiece_shared": ["data.tokenizer.kind=sentencepiece", "data.tokenizer.vocab_size=20",
+                             "model.share_embeddings=true"],
+}
+
+
+def _trained(compose_config, toy_corpus: Path, run: Path, overrides: list[str]) -> Path:
+    cfg = compose_config("train", [*TOY, *overrides, f"data.dir={toy_corpus}",
+                                   f"data.cache_dir={toy_corpus.parent / 'cache'}", f"output_dir={run}"])
+    pipeline.train(OmegaConf.to_object(cfg))
+    return run / "checkpoints" / "final.pt"
+
+
+def _ct2_greedy(export_dir: Path, trained, sentences: list[str]) -> list[str]:
+    """Translate with plain CTranslate2, tokens in and out through the model's own vocabularies."""
+    translator = ctranslate2.Translator(str(export_dir), device="cpu", intra_threads=1)
+    index = {piece: i for i, piece in enumerate(trained.tgt_tok.pieces())}
+    out = []
+    for sentence in sentences:
+        tokens = [trained.src_tok.id_to_piece(i) for i in trained.src_tok.encode(sentence)]
+        limit = max(1, math.floor(1.5 * len(tokens) + 10))  # eval.max_len_a, max_len_b
+        result = translator.translate_batch([tokens], beam_size=1, max_decoding_length=limit)
+        out.append(trained.tgt_tok.decode([index[piece] for piece in result[0].hypotheses[0]]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_an_export_translates_as_this_apps_greedy_search(name, compose_config, toy_corpus, tmp_path):
+    checkpoint = _trained(compose_config, toy_corpus, tmp_path / "run", OPTIONS[name])
+    trained = load_trained(checkpoint, torch.device("cpu"))
+    sentences = [line for split in ("val", "test") for line in (toy_corpus / f"{split}.src").read_text().splitlines()]
+    ours = [nbest[0] for nbest in translate(trained.model, sentences, trained.src_tok, trained.tgt_tok,
+                                            EvalConfig(beam_size=1), "cpu", trained.model.max_positions)]
+    assert len(set(ours)) >= len(sentences) // 4  # a model that learned something: its outputs differ
+    out = export(trained, tmp_path / "exported", "none", {"beam_size": 1})
+    assert _ct2_greedy(out, trained, sentences) == ours
+    record = json.loads((out / EXPORT_FILE).read_text())
+    assert record["source_checkpoint"]["path"] == str(checkpoint) and len(record["source_checkpoint"]["sha256"]) == 64
+    assert record["model"]["positions"] == trained.config.model.positions.value
+    assert (out / record["source_tokenizer"]["path"]).is_file() and (out / record["target_tokenizer"]["path"]).is_file()
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+    from conftest import write_toy_corpus
+
+    from transformer.app.schemas import register_configs
+
+    register_configs()
+    from hydra import compose, initialize_config_dir
+
+    from transformer.app.cli import CONFIG_PATH
+
+    folder = tmp_path_factory.mktemp("export")
+    corpus = write_toy_corpus(folder / "toy")
+    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        cfg = compose("train", [*TOY, "training.max_steps=10", "training.validate_every_steps=10",
+                                f"data.dir={corpus}", f"data.cache_dir={folder / 'cache'}", f"output_dir={folder / 'run'}"])
+    pipeline.train(OmegaConf.to_object(cfg))
+    return folder / "run" / "checkpoints" / "final.pt"
+
+
+def test_an_export_never_overwrites_and_leaves_nothing_on_failure(one_run, tmp_path, monkeypatch):
+    trained = load_trained(one_run, torch.device("cpu"))
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    with pytest.raises(ConfigError, match="out_dir: .*taken exists"):
+        export(trained, taken, "none", {})
+    with pytest.raises(ConfigError, match="quantization: 'int3'"):
+        export(trained, tmp_path / "new", "int3", {})
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("transformer.files.atomic_write", broken)
+    with pytest.raises(OSError, match="No space left"):
+        export(trained, tmp_path / "new", "none", {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no export, no temporary folder
+
+
+@pytest.mark.parametrize("score", ["additive", "multiplicative"])
+def test_scores_ctranslate2_cannot_run_are_refused_by_key(one_run, tmp_path, score):
+    trained = load_trained(one_run, torch.device("cpu"))
+    trained.config.model.attention.score = type(trained.config.model.attention.score)[score]
+    with pytest.raises(ConfigError, match=f"model.attention.score: {score} scores have no CTranslate2"):
+        export(trained, tmp_path / "out", "none", {})
+    assert not (tmp_path / "out").exists()
+
+
+def test_int8_exports_and_runs(one_run, tmp_path):
+    trained = load_trained(one_run, torch.device("cpu"))
+    out = export(trained, tmp_path / "int8", "int8", {})
+    assert json.loads((out / EXPORT_FILE).read_text())["quantization"] == "int8"
+    result = ctranslate2.Translator(str(out), device="cpu").translate_batch([["a", "b"]], beam_size=1,
+                                                                           max_decoding_length=5)
+    assert len(result[0].hypotheses[0]) <= 5
+
+
+@pytest.mark.slow
+def test_the_command_exports_what_plain_ctranslate2_translates_as_transformer_translate(toy_corpus, tmp_path):
+    """From the command line: train, ``transformer-export``, then a Python that imports only ctranslate2 and
+    sentencepiece writes what ``transformer-translate eval=greedy`` writes."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    def command(*args: str, **kwargs) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                              **kwargs)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done
+
+    command("-m", "transformer", "train", *TOY, *OPTIONS["sentencepiece_shared"], f"data.dir={toy_corpus}",
+            "data.cache_dir=cache", "hydra.run.dir=run")
+    command("-m", "transformer", "export", "run_dir=run", "out_dir=exported", "eval=greedy")
+    source = (toy_corpus / "test.src").read_text() + "\n"  # and a blank line
+    ours = command("-m", "transformer", "translate", "run_dir=run", "eval=greedy", input=source).stdout
+    plain = command(str(REPO / "scripts" / "translate_with_ctranslate2.py"), "exported", input=source).stdout
+    assert plain == ours and len(ours.splitlines()) == 41
+    decoding = json.loads((tmp_path / "exported" / EXPORT_FILE).read_text())["decoding"]
+    assert decoding["beam_size"] == 1 and decoding["length_norm"] == "gnmt"

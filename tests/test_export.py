@@ -154,3 +154,21 @@ def test_the_command_exports_what_plain_ctranslate2_translates_as_transformer_tr
     assert plain == ours and len(ours.splitlines()) == 41
     decoding = json.loads((tmp_path / "exported" / EXPORT_FILE).read_text())["decoding"]
     assert decoding["beam_size"] == 1 and decoding["length_norm"] == "gnmt"
+
+
+def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_config, toy_corpus, tmp_path):
+    from transformer import Translator
+
+    checkpoint = _trained(compose_config, toy_corpus, tmp_path / "run", [])
+    export(load_trained(checkpoint, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    from_run, from_export = Translator.load(tmp_path / "run"), Translator.load(tmp_path / "exported")
+    assert (from_run.backend, from_export.backend) == ("torch", "ctranslate2")
+    sentences = (toy_corpus / "test.src").read_text().splitlines() + ["   "]
+    greedy = from_run.translate(sentences, beam_size=1)
+    assert from_export.translate(sentences) == greedy and greedy[-1] == [""]  # the export's own search: greedy
+    nbest = from_export.translate(sentences[:5], beam_size=4, n_best=3)
+    assert [len(candidates) for candidates in nbest] == [3] * 5
+    with pytest.raises(ConfigError, match="backend: ctranslate2 runs an export; make one with transformer-export"):
+        Translator.load(tmp_path / "run", backend="ctranslate2")
+    with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
+        Translator.load(tmp_path / "exported", backend="torch")

@@ -16,6 +16,7 @@ _HOMES = {
     "transformer.app.schemas": ("EvaluateConfig", "TranslateConfig"),
     "transformer.inference.loading": ("TrainedModel", "load_trained"),
     "transformer.inference.search": ("Hypothesis", "beam_search", "greedy_search"),
+    "transformer.inference.translator": ("Translator",),
     "transformer.model.attention": ("MultiHeadAttention", "additive_scores", "scaled_dot_product_attention"),
     "transformer.model.transformer": ("DecoderCache", "EncoderOutput", "Transformer", "build_model"),
 }

@@ -1,0 +1,127 @@
+"""``Translator``: text in, text out, from a run, a checkpoint or a CTranslate2 export, for programs that use a
+trained model.
+
+    from transformer import Translator
+    translator = Translator.load("outputs/train/<run>")            # this app's PyTorch search
+    translator = Translator.load("exports/en_de")                  # CTranslate2 (transformer-export)
+    translator.translate(["A man rides a bike."], beam_size=1)      # -> [["Ein Mann fährt Fahrrad."]]
+
+Both backends search with the ``eval`` settings given to :meth:`Translator.load` (default: ``EvalConfig``'s beam
+search for a run or checkpoint, the settings it was exported with for an export); a call may change ``beam_size``
+and ``n_best``. Greedy search gives the same text on both. CTranslate2 has no GNMT length normalisation: with ``length_norm=gnmt`` its beam search
+normalises by length instead (average), and says so once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer.config import ConfigError, EvalConfig, LengthNorm
+from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
+from transformer.inference.export import EXPORT_FILE
+from transformer.inference.loading import TrainedModel, load_model
+from transformer.inference.translation import translate
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("torch", "ctranslate2")
+
+
+class Translator:
+    """A trained model with its tokenizers and search settings (build it with :meth:`load`)."""
+
+    def __init__(self, backend: str, src_tok: Tokenizer, tgt_tok: Tokenizer, eval_cfg: EvalConfig,
+                 max_positions: int, *, trained: TrainedModel | None = None, ct2: Any = None,
+                 device: str = "cpu") -> None:
+        self.backend, self.src_tok, self.tgt_tok, self.eval = backend, src_tok, tgt_tok, eval_cfg
+        self.max_positions, self.device = max_positions, device
+        self._trained, self._ct2 = trained, ct2
+        self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
+        self._warned_gnmt = False
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu", backend: str | None = None,
+             eval_cfg: EvalConfig | None = None) -> Translator:
+        """A translator for ``path``: a run directory or a checkpoint file (backend ``torch``) or an export
+        directory (backend ``ctranslate2``; its ``export.json`` gives the search when ``eval_cfg`` is None)."""
+        path = Path(path)
+        is_export = (path / EXPORT_FILE).is_file()
+        backend = backend or ("ctranslate2" if is_export else "torch")
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+        if is_export and backend == "torch":
+            raise ConfigError(f"backend: {path} is a CTranslate2 export; the torch backend needs the run or checkpoint "
+                              "it was exported from (export.json names it)")
+        if not is_export and backend == "ctranslate2":
+            raise ConfigError(f"backend: ctranslate2 runs an export; make one with transformer-export "
+                              f"{'run_dir' if path.is_dir() else 'checkpoint'}={path} out_dir=DIR")
+        if is_export:
+            return cls._load_export(path, device, eval_cfg)
+        trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [],
+                             torch.device(device))
+        return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(),
+                   trained.model.max_positions, trained=trained, device=device)
+
+    @classmethod
+    def _load_export(cls, path: Path, device: str, eval_cfg: EvalConfig | None) -> Translator:
+        import ctranslate2
+
+        info = json.loads((path / EXPORT_FILE).read_text(encoding="utf-8"))
+        src_tok, tgt_tok = (_tokenizer(path, info[key]) for key in ("source_tokenizer", "target_tokenizer"))
+        if eval_cfg is None:
+            decoding = dict(info.get("decoding", {}))
+            if "length_norm" in decoding:
+                decoding["length_norm"] = LengthNorm(decoding["length_norm"])
+            eval_cfg = EvalConfig(**decoding)
+        ct2 = ctranslate2.Translator(str(path), device=device)
+        return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), ct2=ct2,
+                   device=device)
+
+    def translate(self, sentences: list[str], beam_size: int | None = None,
+                  n_best: int | None = None) -> list[list[str]]:
+        """``n_best`` translations of each sentence, best first (a blank sentence gives empty strings)."""
+        cfg = replace(self.eval, **{k: v for k, v in (("beam_size", beam_size), ("n_best", n_best)) if v is not None})
+        if cfg.n_best > cfg.beam_size:
+            raise ConfigError(f"n_best: {cfg.n_best} translations need beam_size >= {cfg.n_best}, got {cfg.beam_size}")
+        if self._trained is not None:
+            return translate(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg, self.device,
+                             self.max_positions)
+        return self._translate_ct2(sentences, cfg)
+
+    def _translate_ct2(self, sentences: list[str], cfg: EvalConfig) -> list[list[str]]:
+        """Sentences grouped by their hypothesis length limit (CTranslate2 takes one per call)."""
+        if cfg.beam_size > 1 and cfg.length_norm is LengthNorm.gnmt and not self._warned_gnmt:
+            log.warning("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length "
+                        "(average) instead")
+            self._warned_gnmt = True
+        penalty = 0.0 if cfg.length_norm is LengthNorm.none else 1.0
+        tokens = [[self.src_tok.id_to_piece(i) for i in self.src_tok.encode(s)][: self.max_positions]
+                  if s.strip() else [] for s in sentences]
+        out: list[list[str]] = [[""] * cfg.n_best for _ in sentences]
+        groups: dict[int, list[int]] = {}
+        for i, source in enumerate(tokens):
+            if source:
+                limit = min(max(1, math.floor(cfg.max_len_a * len(source) + cfg.max_len_b)), self.max_positions)
+                groups.setdefault(limit, []).append(i)
+        for limit, indices in groups.items():
+            results = self._ct2.translate_batch([tokens[i] for i in indices], beam_size=cfg.beam_size,
+                                                num_hypotheses=cfg.n_best, length_penalty=penalty,
+                                                max_decoding_length=limit)
+            for i, result in zip(indices, results):
+                out[i] = [self.tgt_tok.decode([self._target_ids[p] for p in hyp]) for hyp in result.hypotheses]
+        return out
+
+
+def _tokenizer(folder: Path, entry: dict[str, Any]) -> Tokenizer:
+    """A tokenizer as ``export.json`` records it."""
+    path = folder / entry["path"]
+    if entry["kind"] == "sentencepiece":
+        return SentencePieceTokenizer(path.read_bytes())
+    return WordTokenizer(path.read_text(encoding="utf-8").splitlines(), lowercase=bool(entry.get("lowercase")))

@@ -152,6 +152,8 @@ def test_the_command_exports_what_plain_ctranslate2_translates_as_transformer_tr
     ours = command("-m", "transformer", "translate", "run_dir=run", "eval=greedy", input=source).stdout
     plain = command(str(REPO / "scripts" / "translate_with_ctranslate2.py"), "exported", input=source).stdout
     assert plain == ours and len(ours.splitlines()) == 41
+    via_export = command("-m", "transformer", "translate", "export_dir=exported", "eval=greedy", input=source).stdout
+    assert via_export == ours
     decoding = json.loads((tmp_path / "exported" / EXPORT_FILE).read_text())["decoding"]
     assert decoding["beam_size"] == 1 and decoding["length_norm"] == "gnmt"
 
@@ -172,3 +174,13 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
         Translator.load(tmp_path / "exported", backend="torch")
+
+
+def test_translate_takes_one_model_source_and_no_ensemble_with_an_export():
+    from transformer.app.schemas import TranslateConfig
+
+    with pytest.raises(ConfigError, match=r"run_dir: give exactly one of .* \(got run_dir, export_dir\)"):
+        TranslateConfig(run_dir="run", export_dir="exported")
+    with pytest.raises(ConfigError, match="ensemble: an export decodes alone"):
+        TranslateConfig(export_dir="exported", ensemble=["other_run"])
+    assert TranslateConfig(export_dir="exported").export_dir == "exported"

@@ -34,6 +34,7 @@ from transformer.inference.loading import TrainedModel, check_same_vocabularies,
 from transformer.inference.metrics import Scores
 from transformer.inference.translation import format_scores, score_texts
 from transformer.inference.translation import translate as translate_texts
+from transformer.inference.translator import Translator
 from transformer.model.transformer import Transformer, build_model
 from transformer.runtime import (
     choose_device,
@@ -337,10 +338,13 @@ def translate(cfg: TranslateConfig) -> None:
     device = choose_device(cfg.device)
     if cfg.output is not None:
         _check_output_file(cfg.output, cfg.input)  # before the work, not after it
-    trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
-    lines = _read_input(cfg.input)
-    nbest = translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
-                            trained.model.max_positions, progress=True)
+    if cfg.export_dir is not None:
+        translator = Translator.load(cfg.export_dir, device=device.type, eval_cfg=cfg.eval)
+        nbest = translator.translate(_read_input(cfg.input))
+    else:
+        trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
+        nbest = translate_texts(trained.model, _read_input(cfg.input), trained.src_tok, trained.tgt_tok, cfg.eval,
+                                device, trained.model.max_positions, progress=True)
     text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
     if cfg.output is None:
         sys.stdout.write(text)

@@ -63,6 +63,7 @@ class TranslateConfig:
 
     run_dir: Optional[str] = None
     checkpoint: Optional[str] = None
+    export_dir: Optional[str] = None  # or a CTranslate2 export (transformer-export), decoded by CTranslate2
     ensemble: list[str] = field(default_factory=list)  # more models to decode with it (see EvaluateConfig)
     input: Optional[str] = None  # default: stdin
     output: Optional[str] = None  # default: stdout
@@ -70,8 +71,11 @@ class TranslateConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
-              "give exactly one of run_dir=... or checkpoint=...")
+        given = [key for key in ("run_dir", "checkpoint", "export_dir") if getattr(self, key) is not None]
+        check(len(given) == 1, "run_dir", "give exactly one of run_dir=..., checkpoint=... or export_dir=..."
+              + (f" (got {', '.join(given)})" if given else ""))
+        check(self.export_dir is None or not self.ensemble, "ensemble", "an export decodes alone: leave out "
+              "ensemble=... with export_dir=...")
 
 
 @dataclass

@@ -152,7 +152,7 @@ def test_padding_efficiency_by_hand():
 @pytest.mark.slow
 @pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
 def test_multi30k_padding_efficiency_at_4096_tokens():
-    """The issue's target: >= 95 % real tokens with the default 8k joint BPE at max_tokens=4096."""
+    """The target: >= 95 % real tokens with the default 8k joint BPE at max_tokens=4096."""
     from transformer.config import CorpusKind, DataConfig
     from transformer.data.corpus import TranslationDataset, clean_pairs
     from transformer.data.splits import load_split

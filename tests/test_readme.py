@@ -1,5 +1,6 @@
-"""The README's Python examples run as written and print what their comments say, doctest-style: every
-``print(...)`` line ends with ``# <expected output>``, compared line by line with what the block printed."""
+"""The Python examples of the README and the documentation pages run as written and print what their comments say,
+doctest-style: every ``print(...)`` line ends with ``# <expected output>``, compared line by line with what the block
+printed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import re
 import pytest
 from conftest import REPO
 
-BLOCKS = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+BLOCKS = [block for page in PAGES
+          for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)]
 
 
 def expected_output(block: str) -> list[str]:
@@ -30,5 +33,5 @@ def test_readme_has_python_examples():
 def test_readme_python_example_prints_what_it_shows(index, capsys):
     expected = expected_output(BLOCKS[index])
     assert expected  # the examples show what they do
-    exec(compile(BLOCKS[index], f"README.md python block {index}", "exec"), {})
+    exec(compile(BLOCKS[index], f"python example {index}", "exec"), {})
     assert capsys.readouterr().out.splitlines() == expected

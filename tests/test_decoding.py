@@ -14,7 +14,14 @@ from torch import Tensor, nn
 
 from transformer.config import LengthNorm, ModelConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer.inference.search import Hypothesis, beam_search, greedy_search, length_penalty, max_lengths
+from transformer.inference.search import (
+    Hypothesis,
+    beam_search,
+    greedy_hypotheses,
+    greedy_search,
+    length_penalty,
+    max_lengths,
+)
 from transformer.model.transformer import build_model
 
 from toy_training import reversal_batch
@@ -178,6 +185,28 @@ def test_early_stop_when_finished_hypothesis_cannot_be_beaten() -> None:
     assert model.batch_sizes == [2, 2, 2, 2]
 
 
+# Beam 2. Step 1 finishes "A" (0.6 * 0.52 = 0.312) and keeps "B B" (0.38) and "A C" (0.288); step 2 finishes
+# "A C" (0.288): two finished hypotheses fill the beam while "B B B" (0.361) is alive, and ends at step 3 (0.361).
+LATE_WINNER: Script = {
+    (): {A: 0.6, B: 0.4},
+    (A,): {EOS_ID: 0.52, C: 0.48},
+    (B,): {B: 0.95, EOS_ID: 0.05},
+    (A, C): {EOS_ID: 1.0},
+    (B, B): {B: 0.95, EOS_ID: 0.05},
+}
+
+
+def test_without_length_normalization_the_search_runs_until_no_alive_hypothesis_can_win() -> None:
+    # A full beam of finished hypotheses stops a normalized search after step 2 (fairseq's rule): "A C" wins
+    # (log 0.288 / 3), though "B B B" would score log 0.361 / 4. Without normalization the bound is exact, so
+    # the search goes on while "B B B" can still win, as CTranslate2's does.
+    model = ScriptedDecoder({A: LATE_WINNER})
+    assert run_beam(model, [[A]], use_cache=True, norm=LengthNorm.average)[0][0].tokens == [A, C]
+    (best,) = run_beam(model, [[A]], use_cache=True, norm=LengthNorm.none)[0]
+    assert best.tokens == [B, B, B]
+    assert best.log_prob == pytest.approx(math.log(0.4 * 0.95 * 0.95), abs=1e-6)
+
+
 @use_cache_modes
 def test_finished_sentences_leave_the_batch(use_cache: bool) -> None:
     # sentence 0 (source starts with A) ends at once; sentence 1 (B) writes C C and ends at step 3.
@@ -251,6 +280,12 @@ def test_real_model_beam_one_equals_greedy() -> None:
     for norm, alpha in ((LengthNorm.gnmt, 0.6), (LengthNorm.average, 0.0), (LengthNorm.none, 0.0)):
         beam = beam_search(model, src, beam_size=1, n_best=1, length_penalty=alpha, length_norm=norm, **REAL)
         assert [hyps[0].tokens for hyps in beam] == greedy
+        scored = greedy_hypotheses(model, src, length_penalty=alpha, length_norm=norm, **REAL)
+        assert [h.tokens for h in scored] == greedy
+        assert [h.score for h in scored] == pytest.approx([hyps[0].score for hyps in beam], abs=1e-5)
+    for row, (h, end) in enumerate(zip(scored, ended)):  # and by teacher forcing, an independent path
+        one = src[row : row + 1, : int((src[row] != PAD_ID).sum())]
+        assert h.log_prob == pytest.approx(_sequence_log_prob(model, one, h.tokens, end), abs=1e-4)
 
 
 def test_real_model_cached_equals_uncached() -> None:
@@ -285,9 +320,12 @@ def test_real_model_batched_equals_one_sentence_at_a_time() -> None:
 
 
 def _sequence_log_prob(model: nn.Module, src: Tensor, tokens: list[int], ended: bool) -> float:
-    """Independent scoring: one teacher-forced forward pass over BOS + tokens."""
+    """Independent scoring: one teacher-forced forward pass over BOS + tokens, PAD and BOS excluded from the
+    distribution (they are never generated)."""
     tgt_in = torch.tensor([[BOS_ID, *tokens]])
-    log_probs = torch.log_softmax(model(src, tgt_in)[0].float(), dim=-1)  # (len + 1, vocab)
+    logits = model(src, tgt_in)[0].float()  # (len + 1, vocab)
+    logits[:, [PAD_ID, BOS_ID]] = -math.inf
+    log_probs = torch.log_softmax(logits, dim=-1)
     targets = tokens + [EOS_ID] if ended else tokens
     return sum(float(log_probs[t, tok].detach()) for t, tok in enumerate(targets))
 

@@ -13,10 +13,10 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer.app import pipeline
-from transformer.config import ConfigError, EvalConfig
+from transformer.config import ConfigError, EvalConfig, LengthNorm
 from transformer.inference.export import EXPORT_FILE, export
 from transformer.inference.loading import load_trained
-from transformer.inference.translation import translate
+from transformer.inference.translation import translate, translate_scored
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -44,30 +44,52 @@ def _trained(compose_config, toy_corpus: Path, run: Path, overrides: list[str]) 
     return run / "checkpoints" / "final.pt"
 
 
-def _ct2_greedy(export_dir: Path, trained, sentences: list[str]) -> list[str]:
-    """Translate with plain CTranslate2, tokens in and out through the model's own vocabularies."""
+def _ct2_search(export_dir: Path, trained, sentences: list[str], beam_size: int = 1, n_best: int = 1,
+                length_penalty: float = 1.0) -> list[list[tuple[str, float]]]:
+    """Translate with plain CTranslate2, tokens in and out through the model's own vocabularies: n-best (text,
+    score) lists."""
     translator = ctranslate2.Translator(str(export_dir), device="cpu", intra_threads=1)
     index = {piece: i for i, piece in enumerate(trained.tgt_tok.pieces())}
     out = []
     for sentence in sentences:
         tokens = [trained.src_tok.id_to_piece(i) for i in trained.src_tok.encode(sentence)]
         limit = max(1, math.floor(1.5 * len(tokens) + 10))  # eval.max_len_a, max_len_b
-        result = translator.translate_batch([tokens], beam_size=1, max_decoding_length=limit)
-        out.append(trained.tgt_tok.decode([index[piece] for piece in result[0].hypotheses[0]]))
+        result = translator.translate_batch([tokens], beam_size=beam_size, num_hypotheses=n_best,
+                                            length_penalty=length_penalty, max_decoding_length=limit,
+                                            min_decoding_length=0, return_scores=True)[0]
+        out.append([(trained.tgt_tok.decode([index[piece] for piece in hypothesis]), score)
+                    for hypothesis, score in zip(result.hypotheses, result.scores)])
     return out
+
+
+def _same(ours: list[list[tuple[str, float]]], theirs: list[list[tuple[str, float]]]) -> None:
+    """The same hypotheses in the same order, scores within 1e-3."""
+    assert [[text for text, _ in nbest] for nbest in theirs] == [[text for text, _ in nbest] for nbest in ours]
+    for mine, other in zip(ours, theirs):
+        assert [score for _, score in other] == pytest.approx([score for _, score in mine], abs=1e-3)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPTIONS))
-def test_an_export_translates_as_this_apps_greedy_search(name, compose_config, toy_corpus, tmp_path):
+def test_an_export_searches_as_this_app_greedy_and_beam(name, compose_config, toy_corpus, tmp_path):
     checkpoint = _trained(compose_config, toy_corpus, tmp_path / "run", OPTIONS[name])
     trained = load_trained(checkpoint, torch.device("cpu"))
     sentences = [line for split in ("val", "test") for line in (toy_corpus / f"{split}.src").read_text().splitlines()]
-    ours = [nbest[0] for nbest in translate(trained.model, sentences, trained.src_tok, trained.tgt_tok,
-                                            EvalConfig(beam_size=1), "cpu", trained.model.max_positions)]
-    assert len(set(ours)) >= len(sentences) // 4  # a model that learned something: its outputs differ
+
+    def ours(**search) -> list[list[tuple[str, float]]]:
+        return translate_scored(trained.model, sentences, trained.src_tok, trained.tgt_tok, EvalConfig(**search),
+                                "cpu", trained.model.max_positions)
+
+    greedy = ours(beam_size=1, length_norm=LengthNorm.average)
+    assert len({nbest[0][0] for nbest in greedy}) >= len(sentences) // 4  # a model that learned: outputs differ
     out = export(trained, tmp_path / "exported", "none", {"beam_size": 1})
-    assert _ct2_greedy(out, trained, sentences) == ours
+    _same(greedy, _ct2_search(out, trained, sentences))
+    # beam search: CTranslate2's length_penalty=1 is eval.length_norm=average, 0 is none. Without normalization
+    # CTranslate2 stops once its best beam ends, so only its best hypothesis is this app's.
+    _same(ours(beam_size=4, n_best=3, length_norm=LengthNorm.average),
+          _ct2_search(out, trained, sentences, beam_size=4, n_best=3, length_penalty=1.0))
+    _same(ours(beam_size=4, length_norm=LengthNorm.none), _ct2_search(out, trained, sentences, 4, 1, 0.0))
+
     record = json.loads((out / EXPORT_FILE).read_text())
     assert record["source_checkpoint"]["path"] == str(checkpoint) and len(record["source_checkpoint"]["sha256"]) == 64
     assert record["model"]["positions"] == trained.config.model.positions.value
@@ -156,6 +178,15 @@ def test_the_command_exports_what_plain_ctranslate2_translates_as_transformer_tr
     assert via_export == ours
     decoding = json.loads((tmp_path / "exported" / EXPORT_FILE).read_text())["decoding"]
     assert decoding["beam_size"] == 1 and decoding["length_norm"] == "gnmt"
+    # transformer-evaluate scores an export on the run's own test split as it scores the run
+    for name, source in (("run", "run_dir=run"), ("export", "export_dir=exported")):
+        command("-m", "transformer", "evaluate", source, "eval=greedy", f"hydra.run.dir=eval_{name}")
+    on_run, on_export = (json.loads((tmp_path / f"eval_{name}" / "metrics.json").read_text())
+                         for name in ("run", "export"))
+    assert on_export["export"] == "exported" and on_export["test_set"] == on_run["test_set"] == "test.src-tgt"
+    assert on_export["bleu"] == on_run["bleu"] > 0
+    hypotheses = [(tmp_path / f"eval_{name}" / "hypotheses.txt").read_text() for name in ("run", "export")]
+    assert hypotheses[0] == hypotheses[1]
 
 
 def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_config, toy_corpus, tmp_path):
@@ -168,16 +199,48 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
     sentences = (toy_corpus / "test.src").read_text().splitlines() + ["   "]
     greedy = from_run.translate(sentences, beam_size=1)
     assert from_export.translate(sentences) == greedy and greedy[-1] == [""]  # the export's own search: greedy
-    nbest = from_export.translate(sentences[:5], beam_size=4, n_best=3)
-    assert [len(candidates) for candidates in nbest] == [3] * 5
+    for norm in (LengthNorm.average, LengthNorm.none):  # beam search: the same hypotheses and scores
+        search = EvalConfig(beam_size=4, n_best=1 if norm is LengthNorm.none else 3, length_norm=norm)
+        on_run = Translator.load(tmp_path / "run", eval_cfg=search).translate_scored(sentences)
+        on_export = Translator.load(tmp_path / "exported", eval_cfg=search).translate_scored(sentences)
+        _same([[(t.text, t.score) for t in nbest] for nbest in on_run],
+              [[(t.text, t.score) for t in nbest] for nbest in on_export])
+        assert [len(nbest) for nbest in on_run] == [search.n_best] * len(sentences)
+        assert on_run[-1][0].score == 0.0 and all(nbest[0].score < 0 for nbest in on_run[:-1])
+
+
+def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp_path, caplog):
+    from transformer import Translator
+
+    trained = load_trained(one_run, torch.device("cpu"))
+    out = export(trained, tmp_path / "exported", "none", {"beam_size": 3})
+    translator = Translator.load(out)
+    assert translator.eval.length_norm is LengthNorm.gnmt  # the app's default, recorded by the export
+    sentences = ["a b c", "d e"]
+    with caplog.at_level("WARNING", logger="transformer.inference.translator"):
+        first = translator.translate_scored(sentences)
+        translator.translate_scored(sentences)
+    assert [r.message for r in caplog.records].count(
+        "eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length (average) "
+        "instead") == 1
+    average = Translator.load(out, eval_cfg=EvalConfig(beam_size=3, length_norm=LengthNorm.average))
+    assert average.translate_scored(sentences) == first
     with pytest.raises(ConfigError, match="backend: ctranslate2 runs an export; make one with transformer-export"):
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
         Translator.load(tmp_path / "exported", backend="torch")
 
 
-def test_translate_takes_one_model_source_and_no_ensemble_with_an_export():
-    from transformer.app.schemas import TranslateConfig
+def test_translate_and_evaluate_take_one_model_source_and_no_ensemble_with_an_export():
+    from transformer.app.schemas import EvaluateConfig, TranslateConfig
+    from transformer.config import AttentionDumpConfig
+
+    with pytest.raises(ConfigError, match=r"run_dir: give exactly one of .* \(got checkpoint, export_dir\)"):
+        EvaluateConfig(checkpoint="best.pt", export_dir="exported")
+    with pytest.raises(ConfigError, match="attention: attention maps are drawn from this app's model, not an export"):
+        EvaluateConfig(export_dir="exported", attention=AttentionDumpConfig(indices=[0]))
+    with pytest.raises(ConfigError, match="ensemble: an export decodes alone"):
+        EvaluateConfig(export_dir="exported", ensemble=["other_run"])
 
     with pytest.raises(ConfigError, match=r"run_dir: give exactly one of .* \(got run_dir, export_dir\)"):
         TranslateConfig(run_dir="run", export_dir="exported")

@@ -30,8 +30,8 @@ from transformer.data.splits import corpus_paths, load_split
 from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSampler
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_state
 from transformer.inference.attention_maps import dump_attention
-from transformer.inference.loading import TrainedModel, check_same_vocabularies, load_model, load_trained
-from transformer.inference.metrics import Scores
+from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
+from transformer.inference.metrics import Scores, corpus_scores
 from transformer.inference.translation import format_scores, score_texts
 from transformer.inference.translation import translate as translate_texts
 from transformer.inference.translator import Translator
@@ -291,11 +291,15 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
-    """Score a trained model on its test split (or another split, or given files) and dump the requested attention
-    maps."""
+    """Score a trained model (or an export) on its test split (or another split, or given files) and dump the
+    requested attention maps."""
     device = choose_device(cfg.device)
-    trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
-    data = trained.config.data
+    if cfg.export_dir is not None:
+        translator, trained = Translator.load(cfg.export_dir, device=device.type, eval_cfg=cfg.eval), None
+        data, src_tok, tgt_tok, source = translator.data, translator.src_tok, translator.tgt_tok, translator.source
+    else:
+        trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
+        data, src_tok, tgt_tok, source = trained.config.data, trained.src_tok, trained.tgt_tok, trained.path
     if cfg.src_file is not None:
         src, refs = read_parallel(cfg.src_file, cfg.ref_file)
         name = Path(cfg.src_file).name
@@ -304,29 +308,35 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         src, refs = load_split(data, split)
         name = f"{split}.{data.src}-{data.tgt}"
     if cfg.longer_than is not None:
-        src, refs = _longer_than(src, refs, trained, cfg.longer_than)
+        src, refs = _longer_than(src, refs, src_tok, tgt_tok, cfg.longer_than)
         name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
-    scores, hypotheses = score_texts(trained.model, src, refs, trained.src_tok, trained.tgt_tok, cfg.eval, device,
-                                     data.tgt)
+    if trained is None:
+        hypotheses = [nbest[0] for nbest in translator.translate(src)]
+        scores = corpus_scores(hypotheses, refs, tokenized_lang=data.tgt if cfg.eval.report_tokenized_bleu else None)
+    else:
+        scores, hypotheses = score_texts(trained.model, src, refs, src_tok, tgt_tok, cfg.eval, device, data.tgt)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    metrics = {"checkpoint": str(trained.path), "test_set": name, **asdict(scores), "eval": to_plain_dict(cfg.eval)}
-    if trained.ensemble_paths:
+    metrics = {"checkpoint" if trained else "export": str(source), "test_set": name, **asdict(scores),
+               "eval": to_plain_dict(cfg.eval)}
+    if trained is not None and trained.ensemble_paths:
         metrics["ensemble"] = [str(path) for path in trained.ensemble_paths]
     _write_json(out / "metrics.json", metrics)
     tracker = Tracker(out / "tensorboard", enabled=True)
     tracker.scalars(_test_scalars(scores), step=0)
-    dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
+    if trained is not None:
+        dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
     tracker.close()
     print(f"{name}: {format_scores(scores)}")
     return metrics
 
 
-def _longer_than(src: list[str], refs: list[str], trained: TrainedModel, n_tokens: int) -> tuple[list[str], list[str]]:
+def _longer_than(src: list[str], refs: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
+                 n_tokens: int) -> tuple[list[str], list[str]]:
     """The pairs whose source or reference has more than ``n_tokens`` tokens in the model's tokenizers."""
-    src_lengths = [len(ids) for ids in trained.src_tok.encode_batch(src)]
-    ref_lengths = [len(ids) for ids in trained.tgt_tok.encode_batch(refs)]
+    src_lengths = [len(ids) for ids in src_tok.encode_batch(src)]
+    ref_lengths = [len(ids) for ids in tgt_tok.encode_batch(refs)]
     kept = [i for i, (s, r) in enumerate(zip(src_lengths, ref_lengths)) if max(s, r) > n_tokens]
     if not kept:
         raise ConfigError(f"longer_than: no test pair has more than {n_tokens} tokens on a side")

@@ -22,12 +22,24 @@ from transformer.config import (
 )
 
 
+def _check_one_model(run_dir: Optional[str], checkpoint: Optional[str], export_dir: Optional[str],
+                     ensemble: list[str]) -> None:
+    """Exactly one model source; an export decodes alone."""
+    given = [key for key, value in (("run_dir", run_dir), ("checkpoint", checkpoint), ("export_dir", export_dir))
+             if value is not None]
+    check(len(given) == 1, "run_dir", "give exactly one of run_dir=..., checkpoint=... or export_dir=..."
+          + (f" (got {', '.join(given)})" if given else ""))
+    check(export_dir is None or not ensemble, "ensemble", "an export decodes alone: leave out ensemble=... with "
+          "export_dir=...")
+
+
 @dataclass
 class EvaluateConfig:
     """``transformer-evaluate``: score a trained model on a test set with sacreBLEU."""
 
     run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
     checkpoint: Optional[str] = None  # or a checkpoint file
+    export_dir: Optional[str] = None  # or a CTranslate2 export (transformer-export), decoded by CTranslate2
     # More models to decode with it, each a run directory or a checkpoint file: an ensemble, whose next-token
     # probabilities are the mean of its models' (transformer/inference/ensemble.py). They must share its tokenizers.
     ensemble: list[str] = field(default_factory=list)
@@ -46,8 +58,9 @@ class EvaluateConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        check((self.run_dir is None) != (self.checkpoint is None), "run_dir",
-              "give exactly one of run_dir=... or checkpoint=...")
+        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble)
+        check(self.export_dir is None or not (self.attention.indices or self.attention.texts), "attention",
+              "attention maps are drawn from this app's model, not an export: give run_dir=... or checkpoint=...")
         check((self.src_file is None) == (self.ref_file is None), "ref_file",
               "src_file and ref_file go together")
         check(self.split is None or self.src_file is None, "split", "give split=... or src_file/ref_file, not both")
@@ -71,11 +84,8 @@ class TranslateConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        given = [key for key in ("run_dir", "checkpoint", "export_dir") if getattr(self, key) is not None]
-        check(len(given) == 1, "run_dir", "give exactly one of run_dir=..., checkpoint=... or export_dir=..."
-              + (f" (got {', '.join(given)})" if given else ""))
-        check(self.export_dir is None or not self.ensemble, "ensemble", "an export decodes alone: leave out "
-              "ensemble=... with export_dir=...")
+        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble)
+
 
 
 @dataclass

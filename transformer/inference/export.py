@@ -184,7 +184,7 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
             "format": 1,
             "source_checkpoint": {"path": str(trained.path), "sha256": _sha256(trained.path)},
             "model": to_plain_dict(trained.config.model),
-            "data": {"src": trained.config.data.src, "tgt": trained.config.data.tgt},
+            "data": to_plain_dict(trained.config.data),  # the languages, and the corpus to evaluate on
             "source_tokenizer": tokenizers["source"], "target_tokenizer": tokenizers["target"],
             "quantization": quantization,
             "decoding": decoding,

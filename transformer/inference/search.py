@@ -13,7 +13,8 @@ Rows whose sentence is finished are dropped from the batch at once (``cache.sele
 ``select_encoder`` with the remaining rows), so later steps compute only on live sentences.
 
 Conventions shared by both searches:
-- scores are sums of float32 ``log_softmax`` log-probabilities; PAD and BOS are never generated;
+- scores are sums of float32 ``log_softmax`` log-probabilities over the tokens that may be generated (PAD and
+  BOS never are: their logits are -inf before the softmax, as in CTranslate2);
 - a sentence of ``src_len`` real tokens gets at most ``max_len = max(1, floor(a * src_len + b))``
   tokens (EOS not counted; ``max_tgt_len`` caps it, e.g. at the model's position limit); a hypothesis
   that reaches it without EOS is finalized as it is;
@@ -23,10 +24,11 @@ Conventions shared by both searches:
 
 Beam search (per step): *expand* every alive hypothesis by every token, keep the 2·beam best
 continuations by raw log-prob; *select*: those ending in EOS among the best ``beam`` become finished
-hypotheses, the best ``beam`` others stay alive. A sentence is done when it has ``beam`` finished
-hypotheses (fairseq's stopping rule), or earlier when ``n_best`` finished ones cannot be beaten: the
-n_best-th finished score is >= ``max alive log_prob / lp(max_len)``, an upper bound on the normalized
-score of any continuation (log-probs only fall, lp only grows). The early exit never changes the result.
+hypotheses, the best ``beam`` others stay alive. A sentence is done when ``n_best`` finished ones cannot be
+beaten: the n_best-th finished score is >= ``max alive log_prob / lp(max_len)``, an upper bound on the
+normalized score of any continuation (log-probs only fall, lp only grows). With a length normalization that
+bound is loose, so a sentence is also done when it has ``beam`` finished hypotheses (fairseq's and
+CTranslate2's rule); with none it is exact, and the search stops only on it.
 *finalize*: at ``max_len`` the alive hypotheses join the finished ones; the ``n_best`` best are returned.
 With ``beam_size=1`` this is exactly greedy search.
 
@@ -96,6 +98,12 @@ def max_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: float,
     return limits if max_tgt_len is None else [min(limit, max_tgt_len) for limit in limits]
 
 
+def _finalize(tokens: list[int], log_prob: float, ended: bool, alpha: float, norm: LengthNorm) -> Hypothesis:
+    """A hypothesis from its tokens (EOS excluded) and raw log-prob; EOS counts in the length."""
+    length = len(tokens) + (1 if ended else 0)
+    return Hypothesis(tokens, log_prob / length_penalty(max(length, 1), alpha, norm), log_prob)
+
+
 def _step_log_probs(model: Decoder, prefix: Tensor, enc: Any, cache: Any,
                     banned: Sequence[int]) -> tuple[Tensor, Any]:
     """Log-probabilities of the next token for every row.
@@ -111,10 +119,10 @@ def _step_log_probs(model: Decoder, prefix: Tensor, enc: Any, cache: Any,
         out = model.decode(prefix, enc)
     else:
         out = model.decode(prefix[:, -1:], enc, cache)
-    log_probs = F.log_softmax(out.logits[:, -1].float(), dim=-1)  # (rows, vocab)
+    logits = out.logits[:, -1].float()  # (rows, vocab)
     for token in banned:  # a column at a time: indexing by a list would copy it to the device every step
-        log_probs[:, token] = -math.inf
-    return log_probs, out.cache
+        logits[:, token] = -math.inf
+    return F.log_softmax(logits, dim=-1), out.cache
 
 
 # --------------------------------------------------------------------------------------------------
@@ -122,15 +130,27 @@ def _step_log_probs(model: Decoder, prefix: Tensor, enc: Any, cache: Any,
 # --------------------------------------------------------------------------------------------------
 
 
-@torch.inference_mode()
 def greedy_search(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_id: int, max_len_a: float,
                   max_len_b: float, use_cache: bool = True, max_tgt_len: int | None = None,
                   select_encoder: SelectEncoder = select_encoder_output, drop_finished_at: float = 0.0
                   ) -> list[list[int]]:
+    """Arg-max decoding of a batch: for each sentence the generated ids, without BOS and EOS (see
+    :func:`greedy_hypotheses`, which also gives their scores)."""
+    hyps = greedy_hypotheses(model, src, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, max_len_a=max_len_a,
+                             max_len_b=max_len_b, use_cache=use_cache, max_tgt_len=max_tgt_len,
+                             select_encoder=select_encoder, drop_finished_at=drop_finished_at)
+    return [h.tokens for h in hyps]
+
+
+@torch.inference_mode()
+def greedy_hypotheses(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_id: int, max_len_a: float,
+                      max_len_b: float, use_cache: bool = True, max_tgt_len: int | None = None,
+                      select_encoder: SelectEncoder = select_encoder_output, drop_finished_at: float = 0.0,
+                      length_penalty: float = 0.0, length_norm: LengthNorm = LengthNorm.none) -> list[Hypothesis]:
     """Arg-max decoding of a batch; finished sentences leave the batch.
 
-    Each step copies only the chosen tokens to the host (one wait for the device); the tokens so far are
-    mirrored there, so finishing a sentence reads nothing more.
+    Each step copies only the chosen tokens and their log-probs to the host (one wait for the device); the
+    tokens so far are mirrored there, so finishing a sentence reads nothing more.
 
     Args:
         src: (batch, src_len) source ids padded with ``pad_id``.
@@ -138,9 +158,10 @@ def greedy_search(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_
             once). Until then they are computed and ignored. Dropping rows selects every cached tensor; on a
             GPU, where a step costs about the same for any number of rows, doing that at nearly every step
             costs more than carrying finished rows a little longer.
+        length_penalty, length_norm: how each hypothesis's ``score`` is normalized (as in beam search).
 
     Returns:
-        For each sentence the generated ids, without BOS and EOS.
+        One hypothesis per sentence.
     """
     limits = max_lengths(src, pad_id, max_len_a, max_len_b, max_tgt_len)
     enc = model.encode(src)
@@ -148,27 +169,33 @@ def greedy_search(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_
     live: list[int | None] = list(range(src.size(0)))  # sentence index of each row; None: finished, still there
     prefix = torch.full((src.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # (rows, 1)
     generated: list[list[int]] = [[] for _ in live]  # host copy of each row's tokens
-    results: list[list[int]] = [[] for _ in live]
+    summed = [0.0 for _ in live]  # each row's log-prob so far
+    results: list[Hypothesis | None] = [None for _ in live]
     n_finished = 0  # rows of finished sentences still in the batch
     while n_finished < len(live):
         log_probs, cache = _step_log_probs(model, prefix, enc, cache, (pad_id, bos_id))
-        best = log_probs.argmax(dim=-1, keepdim=True)  # (rows, 1)
+        best_log_prob, best = log_probs.max(dim=-1, keepdim=True)  # (rows, 1) each
         prefix = torch.cat([prefix, best], dim=1)  # (rows, step + 1)
-        for row, (s, token) in enumerate(zip(live, best.flatten().tolist())):
+        on_host = torch.cat([best.double(), best_log_prob.double()], dim=1).cpu().tolist()  # one transfer
+        for row, (s, (token, log_prob)) in enumerate(zip(live, on_host)):
             if s is None:
                 continue
+            token, summed[row] = int(token), summed[row] + log_prob
             if token == eos_id or len(generated[row]) + 1 >= limits[s]:
-                results[s] = generated[row] if token == eos_id else generated[row] + [token]
+                ended = token == eos_id
+                tokens = generated[row] if ended else generated[row] + [token]
+                results[s] = _finalize(tokens, summed[row], ended, length_penalty, length_norm)
                 live[row], n_finished = None, n_finished + 1
             else:
                 generated[row].append(token)
         if 0 < n_finished < len(live) and n_finished >= drop_finished_at * len(live):
             keep = [row for row, s in enumerate(live) if s is not None]
-            live, generated, n_finished = [live[row] for row in keep], [generated[row] for row in keep], 0
+            live, n_finished = [live[row] for row in keep], 0
+            generated, summed = [generated[row] for row in keep], [summed[row] for row in keep]
             index = torch.tensor(keep, dtype=torch.long, device=src.device)
             prefix, enc = prefix.index_select(0, index), select_encoder(enc, index)
             cache = cache.select(index) if cache is not None else None
-    return results
+    return [h for h in results if h is not None]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -215,16 +242,11 @@ def _select(cand: _Candidates, beam: int, eos_id: int) -> tuple[Tensor, Tensor]:
     return finishing, order
 
 
-def _finalize(tokens: list[int], log_prob: float, ended: bool, alpha: float, norm: LengthNorm) -> Hypothesis:
-    """A hypothesis from its tokens (EOS excluded) and raw log-prob; EOS counts in the length."""
-    length = len(tokens) + (1 if ended else 0)
-    return Hypothesis(tokens, log_prob / length_penalty(max(length, 1), alpha, norm), log_prob)
-
-
 def _sentence_done(finished: list[Hypothesis], alive_best: float, beam: int, n_best: int, limit: int,
                    alpha: float, norm: LengthNorm) -> bool:
-    """Beam full of finished hypotheses, or the n_best best cannot be beaten by any continuation."""
-    if len(finished) >= beam:
+    """Beam full of finished hypotheses (with a length normalization), or the n_best best cannot be beaten by any
+    continuation."""
+    if len(finished) >= beam and norm is not LengthNorm.none:
         return True
     if len(finished) < n_best:
         return alive_best == -math.inf

@@ -14,7 +14,7 @@ from transformer.config import EvalConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.inference.ensemble import Ensemble, select_ensemble_encoder
 from transformer.inference.metrics import Scores, corpus_scores
-from transformer.inference.search import Decoder, beam_search, greedy_search
+from transformer.inference.search import Decoder, Hypothesis, beam_search, greedy_hypotheses
 from transformer.model.transformer import Transformer, select_encoder_output
 from transformer.runtime import decode_batch_size
 
@@ -41,17 +41,27 @@ def format_scores(scores: Scores) -> str:
 
 def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
               device: torch.device | str, max_src_len: int, progress: bool = False) -> list[list[str]]:
-    """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order.
+    """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order (see
+    :func:`translate_scored`)."""
+    scored = translate_scored(model, texts, src_tok, tgt_tok, cfg, device, max_src_len, progress)
+    return [[text for text, _ in nbest] for nbest in scored]
+
+
+def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
+                     device: torch.device | str, max_src_len: int, progress: bool = False
+                     ) -> list[list[tuple[str, float]]]:
+    """Translate lines of text; returns ``cfg.n_best`` (text, score) pairs per line, best first, in the input
+    order. The score is the hypothesis's log-probability normalized as ``cfg.length_norm`` says.
 
     Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
     batches of ``cfg.batch_size`` (by default 64 on a CPU, 512 on a GPU). An empty (or all-whitespace) line gives ``n_best`` empty strings
-    without running the model. A line longer than ``max_src_len`` tokens is cut to that length with a
+    (score 0) without running the model. A line longer than ``max_src_len`` tokens is cut to that length with a
     warning; hypotheses are capped at ``max_src_len`` tokens too (pass the model's position limit).
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
     ids = _encode_sources(texts, src_tok, max_src_len)
-    outputs: list[list[str]] = [[""] * cfg.n_best for _ in texts]
+    outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * cfg.n_best for _ in texts]
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
     model.eval()
@@ -64,7 +74,7 @@ def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: T
                 chunk = todo[start:start + batch_size]
                 src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
                 for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_src_len)):
-                    outputs[i] = [tgt_tok.decode(tokens) for tokens in nbest]
+                    outputs[i] = [(tgt_tok.decode(h.tokens), h.score) for h in nbest]
                 bar.update(len(chunk))
     finally:
         bar.close()
@@ -92,16 +102,13 @@ def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tens
     return out.to(device)
 
 
-def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig,
-            max_tgt_len: int) -> list[list[list[int]]]:
-    """n-best token lists per sentence with the search ``cfg`` asks for."""
+def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, max_tgt_len: int) -> list[list[Hypothesis]]:
+    """n-best hypotheses per sentence with the search ``cfg`` asks for."""
     select_encoder = select_ensemble_encoder if isinstance(model, Ensemble) else select_encoder_output
     common = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, max_len_a=cfg.max_len_a,
                   max_len_b=cfg.max_len_b, use_cache=cfg.use_cache, max_tgt_len=max_tgt_len,
-                  select_encoder=select_encoder)
+                  select_encoder=select_encoder, length_penalty=cfg.length_penalty, length_norm=cfg.length_norm)
     if cfg.beam_size == 1:
-        greedy = greedy_search(model, src, drop_finished_at=0.25 if src.device.type == "cuda" else 0.0, **common)
-        return [[tokens] for tokens in greedy]
-    beams = beam_search(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, length_penalty=cfg.length_penalty,
-                        length_norm=cfg.length_norm, **common)
-    return [[h.tokens for h in hyps] for hyps in beams]
+        drop_finished_at = 0.25 if src.device.type == "cuda" else 0.0
+        return [[h] for h in greedy_hypotheses(model, src, drop_finished_at=drop_finished_at, **common)]
+    return beam_search(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, **common)

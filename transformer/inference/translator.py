@@ -5,11 +5,17 @@ trained model.
     translator = Translator.load("outputs/train/<run>")            # this app's PyTorch search
     translator = Translator.load("exports/en_de")                  # CTranslate2 (transformer-export)
     translator.translate(["A man rides a bike."], beam_size=1)      # -> [["Ein Mann fährt Fahrrad."]]
+    translator.translate_scored(["A man rides a bike."], beam_size=4, n_best=2)
+    # -> [[Translation(text="Ein Mann fährt Fahrrad.", score=-0.21), Translation(text=..., score=...)]]
 
 Both backends search with the ``eval`` settings given to :meth:`Translator.load` (default: ``EvalConfig``'s beam
 search for a run or checkpoint, the settings it was exported with for an export); a call may change ``beam_size``
-and ``n_best``. Greedy search gives the same text on both. CTranslate2 has no GNMT length normalisation: with ``length_norm=gnmt`` its beam search
-normalises by length instead (average), and says so once.
+and ``n_best``. Greedy and beam search give the same hypotheses and scores (to float rounding) on both in fp32,
+with ``length_norm`` average or none. CTranslate2 has no GNMT length normalisation: with ``length_norm=gnmt`` the
+ctranslate2 backend normalises by length instead (average), and says so once.
+
+A score is the hypothesis's summed log-probability (EOS included) divided as ``length_norm`` says: by
+``((5 + length) / 6) ** length_penalty`` (gnmt), by its length in tokens with EOS (average) or by 1 (none).
 """
 
 from __future__ import annotations
@@ -17,31 +23,42 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from transformer.config import ConfigError, EvalConfig, LengthNorm
+from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, from_plain_dict
 from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
 from transformer.inference.export import EXPORT_FILE
 from transformer.inference.loading import TrainedModel, load_model
-from transformer.inference.translation import translate
+from transformer.inference.translation import translate_scored
+from transformer.runtime import decode_batch_size
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "ctranslate2")
 
 
+@dataclass(frozen=True)
+class Translation:
+    """One hypothesis: its detokenized text and its length-normalized log-probability (the n-best order)."""
+
+    text: str
+    score: float
+
+
 class Translator:
     """A trained model with its tokenizers and search settings (build it with :meth:`load`)."""
 
     def __init__(self, backend: str, src_tok: Tokenizer, tgt_tok: Tokenizer, eval_cfg: EvalConfig,
-                 max_positions: int, *, trained: TrainedModel | None = None, ct2: Any = None,
-                 device: str = "cpu") -> None:
+                 max_positions: int, data: DataConfig, source: Path, *, trained: TrainedModel | None = None,
+                 ct2: Any = None, device: str = "cpu") -> None:
         self.backend, self.src_tok, self.tgt_tok, self.eval = backend, src_tok, tgt_tok, eval_cfg
         self.max_positions, self.device = max_positions, device
+        self.data = data  # the corpus and languages the model was trained on
+        self.source = source  # the checkpoint file, or the export directory
         self._trained, self._ct2 = trained, ct2
         self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
         self._warned_gnmt = False
@@ -66,8 +83,8 @@ class Translator:
             return cls._load_export(path, device, eval_cfg)
         trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [],
                              torch.device(device))
-        return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(),
-                   trained.model.max_positions, trained=trained, device=device)
+        return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(), trained.model.max_positions,
+                   trained.config.data, trained.path, trained=trained, device=device)
 
     @classmethod
     def _load_export(cls, path: Path, device: str, eval_cfg: EvalConfig | None) -> Translator:
@@ -81,21 +98,31 @@ class Translator:
                 decoding["length_norm"] = LengthNorm(decoding["length_norm"])
             eval_cfg = EvalConfig(**decoding)
         ct2 = ctranslate2.Translator(str(path), device=device)
-        return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), ct2=ct2,
-                   device=device)
+        data = from_plain_dict(DataConfig, info["data"])
+        return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), data, path,
+                   ct2=ct2, device=device)
 
     def translate(self, sentences: list[str], beam_size: int | None = None,
                   n_best: int | None = None) -> list[list[str]]:
         """``n_best`` translations of each sentence, best first (a blank sentence gives empty strings)."""
+        return [[t.text for t in nbest] for nbest in self.translate_scored(sentences, beam_size, n_best)]
+
+    def translate_scored(self, sentences: list[str], beam_size: int | None = None,
+                         n_best: int | None = None) -> list[list[Translation]]:
+        """``n_best`` :class:`Translation` s of each sentence, best first (a blank sentence: empty, score 0).
+
+        Sentences are sorted by length and decoded ``eval.batch_size`` at a time (64 on a CPU, 512 on a GPU).
+        """
         cfg = replace(self.eval, **{k: v for k, v in (("beam_size", beam_size), ("n_best", n_best)) if v is not None})
         if cfg.n_best > cfg.beam_size:
             raise ConfigError(f"n_best: {cfg.n_best} translations need beam_size >= {cfg.n_best}, got {cfg.beam_size}")
         if self._trained is not None:
-            return translate(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg, self.device,
-                             self.max_positions)
+            scored = translate_scored(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg, self.device,
+                                      self.max_positions)
+            return [[Translation(text, score) for text, score in nbest] for nbest in scored]
         return self._translate_ct2(sentences, cfg)
 
-    def _translate_ct2(self, sentences: list[str], cfg: EvalConfig) -> list[list[str]]:
+    def _translate_ct2(self, sentences: list[str], cfg: EvalConfig) -> list[list[Translation]]:
         """Sentences grouped by their hypothesis length limit (CTranslate2 takes one per call)."""
         if cfg.beam_size > 1 and cfg.length_norm is LengthNorm.gnmt and not self._warned_gnmt:
             log.warning("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length "
@@ -104,18 +131,21 @@ class Translator:
         penalty = 0.0 if cfg.length_norm is LengthNorm.none else 1.0
         tokens = [[self.src_tok.id_to_piece(i) for i in self.src_tok.encode(s)][: self.max_positions]
                   if s.strip() else [] for s in sentences]
-        out: list[list[str]] = [[""] * cfg.n_best for _ in sentences]
+        out = [[Translation("", 0.0)] * cfg.n_best for _ in sentences]
         groups: dict[int, list[int]] = {}
         for i, source in enumerate(tokens):
             if source:
                 limit = min(max(1, math.floor(cfg.max_len_a * len(source) + cfg.max_len_b)), self.max_positions)
                 groups.setdefault(limit, []).append(i)
         for limit, indices in groups.items():
+            # min_decoding_length=0: EOS may come first, as in this app's search (CTranslate2's default bans it)
             results = self._ct2.translate_batch([tokens[i] for i in indices], beam_size=cfg.beam_size,
                                                 num_hypotheses=cfg.n_best, length_penalty=penalty,
-                                                max_decoding_length=limit)
+                                                max_decoding_length=limit, min_decoding_length=0, return_scores=True,
+                                                max_batch_size=decode_batch_size(cfg, self.device))
             for i, result in zip(indices, results):
-                out[i] = [self.tgt_tok.decode([self._target_ids[p] for p in hyp]) for hyp in result.hypotheses]
+                out[i] = [Translation(self.tgt_tok.decode([self._target_ids[p] for p in hyp]), score)
+                          for hyp, score in zip(result.hypotheses, result.scores)]
         return out
 
 

@@ -56,3 +56,7 @@ def test_a_wheel_installed_elsewhere_trains_and_translates(tmp_path, multi30k):
     done = _run([bin_dir / "transformer-translate", "run_dir=run", "eval.beam_size=1"], elsewhere, env,
                 input="A man is riding a bike.\nTwo dogs play.\n")
     assert len(done.stdout.splitlines()) == 2
+    page = _run([bin_dir / "python", "-c", "from transformer.inference.explorer import live_page, ASSETS; "
+                 "print(ASSETS); print(live_page())"], elsewhere, env).stdout  # the explorer's assets came along
+    assert Path(page.splitlines()[0]).is_relative_to(site) and "/static/explorer.js" in page
+    assert (Path(page.splitlines()[0]) / "explorer.js").is_file()

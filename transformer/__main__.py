@@ -10,7 +10,7 @@ from transformer.app import cli
 COMMANDS = {
     "train": cli.train_main, "evaluate": cli.evaluate_main, "translate": cli.translate_main,
     "prepare-data": cli.prepare_data_main, "diversify": cli.diversify_main, "benchmark": cli.benchmark_main,
-    "average": cli.average_main, "recipe": cli.recipe_main, "export": cli.export_main,
+    "average": cli.average_main, "recipe": cli.recipe_main, "export": cli.export_main, "serve": cli.serve_main,
 }
 
 

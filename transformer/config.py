@@ -378,9 +378,11 @@ class AttentionDumpConfig:
     texts: list[str] = field(default_factory=list)
     on_reference: bool = False  # also teacher-force on the reference translation
     max_tokens: int = 48  # longer sentences are cut for the figures
+    format: str = "png"  # png: PNGs, .npz and TensorBoard; html: those and one self-contained explorer.html
 
     def __post_init__(self) -> None:
         check(self.max_tokens >= 1, "attention.max_tokens", f"must be >= 1, got {self.max_tokens}")
+        check(self.format in ("png", "html"), "attention.format", f"must be png or html, got {self.format!r}")
         check(all(i >= 0 for i in self.indices), "attention.indices", f"must be >= 0, got {list(self.indices)}")
         for i, text in enumerate(self.texts):
             check(bool(text.strip()), f"attention.texts[{i}]", "is empty: there is nothing to draw attention for")

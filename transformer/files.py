@@ -7,6 +7,7 @@ old file or the new one, never a torn one, and no temporary file is left behind 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -102,3 +103,12 @@ def link_atomically(source: str | Path, target: str | Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def sha256(path: str | Path) -> str:
+    """Hex SHA-256 digest of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -122,6 +122,13 @@ def _translate(cfg: DictConfig) -> None:
     _run(pipeline.translate, cfg)
 
 
+@hydra.main(config_path=CONFIG_PATH, config_name="serve", version_base="1.3")
+def _serve(cfg: DictConfig) -> None:
+    from transformer.app import server
+
+    _run(server.serve, cfg)
+
+
 @hydra.main(config_path=CONFIG_PATH, config_name="diversify", version_base="1.3")
 def _diversify(cfg: DictConfig) -> None:
     from transformer.app import diversify
@@ -175,6 +182,11 @@ def evaluate_main() -> None:
 def translate_main() -> None:
     _setup()
     _translate()
+
+
+def serve_main() -> None:
+    _setup()
+    _serve()
 
 
 def diversify_main() -> None:

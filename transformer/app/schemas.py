@@ -1,5 +1,5 @@
 """The root schema of each command but training's (``config.TrainConfig``, which every checkpoint stores): what
-``transformer-evaluate``, ``-translate``, ``-export``, ``-prepare-data``, ``-diversify`` and ``-benchmark`` compose from
+``transformer-evaluate``, ``-translate``, ``-serve``, ``-export``, ``-prepare-data``, ``-diversify`` and ``-benchmark`` compose from
 the config groups in ``config``, with the checks that span groups, and ``register_configs`` to store them all in
 Hydra's ConfigStore under the names the YAML roots start from.
 """
@@ -105,6 +105,31 @@ class ExportConfig:
 
 
 @dataclass
+class ServeConfig:
+    """``transformer-serve``: a REST API and the attention explorer for one model (transformer/app/server.py)."""
+
+    run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
+    checkpoint: Optional[str] = None  # or a checkpoint file
+    export_dir: Optional[str] = None  # or a CTranslate2 export; /attention then needs its source checkpoint
+    host: str = "127.0.0.1"  # loopback: other machines reach the server only when told, e.g. host=0.0.0.0
+    port: int = 8000
+    eval: EvalConfig = field(default_factory=EvalConfig)  # a request may change beam_size and n_best
+    batching: bool = True  # decode requests with equal settings together; false: each alone, as it arrives
+    max_wait_ms: float = 5.0  # how long the first request of a batch waits for others
+    batch_tokens: int = 4096  # source tokens decoded together at most (a batch grows until this)
+    max_sentences: int = 64  # per request
+    max_request_tokens: int = 2048  # source tokens per request
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, [])
+        check(0 <= self.port <= 65535, "port", f"must be in 0..65535, got {self.port}")
+        check(self.max_wait_ms >= 0, "max_wait_ms", f"must be >= 0, got {self.max_wait_ms}")
+        for key in ("batch_tokens", "max_sentences", "max_request_tokens"):
+            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass
 class DiversifyConfig:
     """``transformer-diversify``: extend a corpus's training split with its own translations (transformer/app/diversify.py)
     into a new folder, which ``transformer-train data.train_dir=<out_dir>`` then trains on."""
@@ -166,6 +191,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="serve_schema", node=ServeConfig)
     cs.store(name="prepare_data_schema", node=PrepareDataConfig)
     cs.store(name="diversify_schema", node=DiversifyConfig)
     cs.store(name="export_schema", node=ExportConfig)

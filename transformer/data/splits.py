@@ -17,7 +17,7 @@ from typing import BinaryIO, Iterable, Iterator, Sequence
 
 from transformer.config import CorpusKind, DataConfig
 from transformer.data.corpus import DataError, normalize_space, read_parallel
-from transformer.files import atomic_write
+from transformer.files import atomic_write, sha256
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +66,7 @@ _CHUNK = 1 << 16
 
 def sha256_file(path: Path) -> str:
     """Hex SHA-256 digest of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return sha256(path)
 
 
 def _write_verified(dest: Path, chunks: Iterable[bytes], expected: str, origin: str) -> int:

@@ -31,6 +31,7 @@ from torch import nn
 
 from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig
 from transformer.data.tokenizer import BOS_PIECE, EOS_PIECE
+from transformer.inference.explorer import attention_json, standalone_page
 from transformer.inference.translation import translate
 
 if TYPE_CHECKING:  # annotations only
@@ -295,7 +296,8 @@ def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: Ev
     """Attention maps of the chosen test sentences and given texts, on the hypothesis (and the reference).
 
     Files go to ``out`` as ``{name}_{hyp|ref}_*.png`` and ``.npz`` (names: ``test{index}``, ``text{i}``);
-    the same figures go to TensorBoard as ``attention/{name}_{hyp|ref}/*``.
+    the same figures go to TensorBoard as ``attention/{name}_{hyp|ref}/*``. With ``attention.format=html``
+    ``out/explorer.html`` holds them all in the interactive explorer (:mod:`transformer.inference.explorer`).
 
     Args:
         cfg: which sentences (``attention.indices`` into ``src``, ``attention.texts``) and how long.
@@ -306,6 +308,7 @@ def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: Ev
         Every written path.
     """
     written: list[Path] = []
+    entries = []  # for attention.format=html
     for name, source, hypothesis, reference in _chosen_sentences(cfg, trained, eval_cfg, src, refs, hypotheses):
         targets = [("hyp", hypothesis)]
         if cfg.on_reference and reference is not None:
@@ -316,4 +319,10 @@ def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: Ev
             log_attention_maps(writer, maps, f"attention/{name}_{kind}", step=0)
             log.info("attention maps for %s (%s): %d files in %s", name, kind, len(paths), out)
             written += paths
+            entries.append({"name": f"{name}_{kind}", "source": source, "target": target, "maps": attention_json(maps)})
+    if cfg.format == "html" and entries:
+        page = Path(out) / "explorer.html"
+        page.write_text(standalone_page(entries, info=f"{trained.path}"), encoding="utf-8")
+        log.info("attention explorer of %d sentence pairs: %s", len(entries), page)
+        written.append(page)
     return written

@@ -21,7 +21,6 @@ counterpart; neither have ensembles.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -148,14 +147,6 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer) -> An
     return spec
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decoding: dict[str, Any]) -> Path:
     """Write ``trained`` as a CTranslate2 model directory with its tokenizers and ``export.json``.
 
@@ -182,7 +173,7 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
                       (("source", trained.src_tok), ("target", trained.tgt_tok))}
         files.write_json(tmp / EXPORT_FILE, {
             "format": 1,
-            "source_checkpoint": {"path": str(trained.path), "sha256": _sha256(trained.path)},
+            "source_checkpoint": {"path": str(trained.path), "sha256": files.sha256(trained.path)},
             "model": to_plain_dict(trained.config.model),
             "data": to_plain_dict(trained.config.data),  # the languages, and the corpus to evaluate on
             "source_tokenizer": tokenizers["source"], "target_tokenizer": tokenizers["target"],

@@ -63,6 +63,11 @@ class Translator:
         self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
         self._warned_gnmt = False
 
+    @property
+    def trained(self) -> TrainedModel | None:
+        """The PyTorch model (backend ``torch``), else None."""
+        return self._trained
+
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", backend: str | None = None,
              eval_cfg: EvalConfig | None = None) -> Translator:

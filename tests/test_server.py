@@ -1,0 +1,347 @@
+"""``transformer-serve``: answers equal to what the translator writes, batching that changes nothing but the speed,
+attention maps equal to the model's own, every bad request refused with the field named, and the server still
+serving after each."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from transformer.app.schemas import ServeConfig
+from transformer.config import EvalConfig, LengthNorm
+
+httpx = pytest.importorskip("httpx")
+server = pytest.importorskip("transformer.app.server")
+
+# Two layers and two heads, to switch between; 64 positions, to cut an over-long line.
+SERVED = ["model.n_encoder_layers=2", "model.n_decoder_layers=2", "model.max_positions=64", "data.max_len=40",
+          "training.max_steps=60", "training.validate_every_steps=60"]
+BEAM = EvalConfig(beam_size=3, length_norm=LengthNorm.average)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    from conftest import write_toy_corpus
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from test_export import TOY
+
+    from transformer.app import pipeline
+    from transformer.app.cli import CONFIG_PATH
+    from transformer.app.schemas import register_configs
+
+    register_configs()
+    folder = tmp_path_factory.mktemp("served")
+    corpus = write_toy_corpus(folder / "toy")
+    with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
+        cfg = compose("train", [*TOY, *SERVED, f"data.dir={corpus}", f"data.cache_dir={folder / 'cache'}",
+                                f"output_dir={folder / 'run'}"])
+    pipeline.train(OmegaConf.to_object(cfg))
+    return folder / "run"
+
+
+def sentences(run_dir: Path) -> list[str]:
+    return (run_dir.parent / "toy" / "test.src").read_text().splitlines()
+
+
+@pytest.fixture(scope="module")
+def served(run_dir):
+    """(base URL, app) of a server on a free loopback port, batching on."""
+    cfg = ServeConfig(run_dir=str(run_dir), eval=BEAM, device="cpu", max_wait_ms=20)
+    app = server.create_app(server.load_served_model(cfg), cfg)
+    with server.serving_in_background(app) as url:
+        yield url, app
+
+
+def expected(run_dir: Path, lines: list[str], **search) -> list[list[tuple[str, float]]]:
+    """What transformer-translate decodes (its function, not the server's path): (text, score) n-best lists."""
+    from transformer.inference.loading import load_model
+    from transformer.inference.translation import translate_scored
+
+    trained = load_model(str(run_dir), None, [], torch.device("cpu"))
+    cfg = EvalConfig(**{**BEAM.__dict__, **search})
+    return translate_scored(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg, "cpu",
+                            trained.model.max_positions)
+
+
+def _pairs(answer: dict) -> list[list[tuple[str, float]]]:
+    return [[(t["text"], t["score"]) for t in nbest] for nbest in answer["translations"]]
+
+
+def _same(ours, theirs) -> None:
+    assert [[text for text, _ in nbest] for nbest in ours] == [[text for text, _ in nbest] for nbest in theirs]
+    assert [s for nbest in ours for _, s in nbest] == pytest.approx([s for nbest in theirs for _, s in nbest], abs=1e-4)
+
+
+def test_translate_answers_as_transformer_translate(served, run_dir):
+    url, _ = served
+    lines = sentences(run_dir)[:12] + ["  "]
+    answer = httpx.post(f"{url}/translate", json={"text": lines}).json()
+    _same(_pairs(answer), expected(run_dir, lines))
+    assert answer["warnings"] == [] and answer["translations"][-1] == [{"text": "", "score": 0.0}]
+    answer = httpx.post(f"{url}/translate", json={"text": lines[0], "beam_size": 4, "n_best": 3}).json()
+    _same(_pairs(answer), expected(run_dir, lines[:1], beam_size=4, n_best=3))
+    greedy = httpx.post(f"{url}/translate", json={"text": lines, "beam_size": 1}).json()
+    _same(_pairs(greedy), expected(run_dir, lines, beam_size=1))
+
+
+def test_concurrent_requests_are_batched_and_each_answered_as_alone(served, run_dir):
+    url, app = served
+    lines = sentences(run_dir)[:24]
+    before = len(app.state.batcher.batch_sizes)
+    with httpx.Client() as client, ThreadPoolExecutor(12) as pool:
+        answers = list(pool.map(lambda line: client.post(f"{url}/translate", json={"text": line}).json(), lines))
+    _same([_pairs(a)[0] for a in answers], expected(run_dir, lines))
+    batches = app.state.batcher.batch_sizes[before:]
+    assert sum(batches) == len(lines) and max(batches) > 1  # some requests were decoded together
+
+
+def test_unbatched_serving_decodes_each_request_alone(run_dir):
+    cfg = ServeConfig(run_dir=str(run_dir), eval=BEAM, device="cpu", batching=False)
+    app = server.create_app(server.load_served_model(cfg), cfg)
+    lines = sentences(run_dir)[:8]
+    with server.serving_in_background(app) as url, httpx.Client() as client, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda line: client.post(f"{url}/translate", json={"text": line}).json(), lines))
+    _same([_pairs(a)[0] for a in answers], expected(run_dir, lines))
+    assert app.state.batcher.batch_sizes == [1] * len(lines)
+
+
+BAD = [
+    (b'{"text": ', 400, "body", r"body: is not valid JSON"),
+    (b'{"text": "caf\xe9"}', 400, "body", r"body: is not valid UTF-8 \(at byte offset 13\)"),
+    (b'["a b"]', 422, "body", "body: must be a JSON object, got a list"),
+    (b'{}', 422, "text", "text: is required"),
+    (b'{"text": 7}', 422, "text", "text: must be a string or a list of strings, got a number"),
+    (b'{"text": []}', 422, "text", "text: is an empty list"),
+    (b'{"text": ["a b", null]}', 422, "text[1]", r"text\[1\]: must be a string, got null"),
+    (b'{"text": "a b", "beam_size": "4"}', 422, "beam_size", "beam_size: must be an integer, got a string"),
+    (b'{"text": "a b", "beam_size": 0}', 422, "beam_size", r"beam_size: must be in 1\.\.64, got 0"),
+    (b'{"text": "a b", "n_best": 5}', 422, "n_best", "n_best: 5 translations need beam_size >= 5, got 3"),
+    (b'{"text": "a b", "beams": 2}', 422, "beams", "beams: is not a field of this request"),
+    (json.dumps({"text": ["a"] * 65}).encode(), 413, "text", "text: 65 sentences; a request takes at most 64"),
+    (json.dumps({"text": ["a b " * 30] * 40}).encode(), 413, "text",
+     "text: 2400 source tokens; a request takes at most 2048"),
+]
+
+
+@pytest.mark.parametrize("body, status, field, message", BAD, ids=[m.split(":")[0] + str(i) for i, (*_, m) in
+                                                                  enumerate(BAD)])
+def test_a_bad_request_is_refused_naming_the_field_and_the_server_goes_on(served, body, status, field, message):
+    url, _ = served
+    response = httpx.post(f"{url}/translate", content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == status
+    assert response.json()["field"] == field
+    assert re.match(message, response.json()["error"])
+    assert httpx.post(f"{url}/translate", json={"text": "a b c"}).status_code == 200
+
+
+def test_an_over_long_line_is_cut_to_the_models_limit_with_a_warning(served, run_dir):
+    url, _ = served
+    long_line = " ".join(["a", "b", "c", "d"] * 25)  # 100 tokens; the model has 64 positions
+    answer = httpx.post(f"{url}/translate", json={"text": ["a b", long_line]}).json()
+    assert answer["warnings"] == ["text[1]: 100 tokens, cut to the model's limit of 64"]
+    cut = " ".join(long_line.split()[:64])
+    _same(_pairs(answer), expected(run_dir, ["a b", cut]))
+
+
+def test_attention_is_the_models_own_for_every_kind(served, run_dir):
+    from transformer.inference.attention_maps import pair_attention_maps
+    from transformer.inference.loading import load_model
+
+    url, _ = served
+    source = sentences(run_dir)[0]
+    own = httpx.post(f"{url}/translate", json={"text": source}).json()["translations"][0][0]["text"]
+    answer = httpx.post(f"{url}/attention", json={"source": source}).json()  # on the model's own translation
+    maps = pair_attention_maps(load_model(str(run_dir), None, [], torch.device("cpu")), source, own, 63)
+    assert answer["source_pieces"] == maps.src_pieces and answer["target_pieces"] == maps.tgt_pieces
+    assert answer["target_input_pieces"] == maps.tgt_input_pieces
+    for key, weights in (("encoder", maps.encoder), ("decoder", maps.decoder_self), ("cross", maps.cross)):
+        assert np.asarray(answer[key]).shape == weights.shape and weights.shape[:2] == (2, 2)
+        np.testing.assert_allclose(np.asarray(answer[key]), weights, atol=1e-6)
+    given = httpx.post(f"{url}/attention", json={"source": source, "target": "a a"}).json()
+    assert given["target_pieces"] == ["a", "a", "</s>"]
+    refused = httpx.post(f"{url}/attention", json={"source": " ", "target": "a"})
+    assert refused.status_code == 422 and refused.json()["field"] == "source"
+
+
+def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
+    from transformer import files
+
+    url, _ = served
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    info = httpx.get(f"{url}/info").json()
+    checkpoint = run_dir / "checkpoints" / "final.pt"
+    assert info["checkpoint_sha256"] == files.sha256(checkpoint) and info["backend"] == "torch"
+    assert (info["source_language"], info["target_language"]) == ("src", "tgt")
+    assert info["vocabulary"] == {"source": 12, "target": 12} and info["model"]["n_decoder_layers"] == 2
+    for path in ("/", "/static/explorer.js", "/static/explorer.css"):
+        response = httpx.get(url + path)
+        assert response.status_code == 200 and "http://" not in response.text and "https://" not in response.text
+    assert "/static/explorer.js" in httpx.get(url).text
+    assert httpx.get(f"{url}/openapi.json").json()["paths"]["/translate"]["post"]["requestBody"]["required"]
+
+
+def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpoint(run_dir, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from transformer.inference.export import export
+    from transformer.inference.loading import load_trained
+
+    checkpoint = tmp_path / "final.pt"
+    shutil.copy(run_dir / "checkpoints" / "final.pt", checkpoint)
+    out = export(load_trained(checkpoint, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    cfg = ServeConfig(export_dir=str(out), eval=BEAM, device="cpu")
+    app = server.create_app(server.load_served_model(cfg), cfg)
+    lines = sentences(run_dir)[:10]
+    with server.serving_in_background(app) as url:
+        _same(_pairs(httpx.post(f"{url}/translate", json={"text": lines}).json()), expected(run_dir, lines))
+        assert httpx.get(f"{url}/info").json()["backend"] == "ctranslate2"
+        assert httpx.post(f"{url}/attention", json={"source": lines[0]}).status_code == 200
+    checkpoint.unlink()  # without its source checkpoint an export still translates; attention says why not
+    app = server.create_app(server.load_served_model(cfg), cfg)
+    with server.serving_in_background(app) as url:
+        assert httpx.post(f"{url}/translate", json={"text": lines[0]}).status_code == 200
+        refused = httpx.post(f"{url}/attention", json={"source": lines[0]})
+        assert refused.status_code == 409 and "the export's source checkpoint" in refused.json()["error"]
+
+
+def test_the_command_serves_until_interrupted(run_dir, tmp_path):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", f"run_dir={run_dir}", f"port={port}",
+                                "eval=greedy", "device=cpu"], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+                time.sleep(0.2)
+        answer = httpx.post(f"http://127.0.0.1:{port}/translate", json={"text": sentences(run_dir)[0]}).json()
+        assert answer["translations"][0][0]["text"] == expected(run_dir, sentences(run_dir)[:1], beam_size=1)[0][0][0]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert process.returncode is not None
+
+
+def test_serve_config_refuses_what_cannot_be_served():
+    from transformer.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"run_dir: give exactly one of .* \(got run_dir, export_dir\)"):
+        ServeConfig(run_dir="run", export_dir="exported")
+    with pytest.raises(ConfigError, match="port: must be in 0..65535"):
+        ServeConfig(run_dir="run", port=70000)
+    with pytest.raises(ConfigError, match="max_sentences: must be >= 1"):
+        ServeConfig(run_dir="run", max_sentences=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The explorer in a real browser: Playwright driving the system's Chromium (apt-get install chromium)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        pytest.skip("no chromium on the PATH (apt-get install chromium)")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, headless=True)
+        yield launched
+        launched.close()
+
+
+def _top(values: list[float], k: int = 3) -> list[int]:
+    """The explorer's rule: the k largest, the earlier index first on ties."""
+    return sorted(range(len(values)), key=lambda i: (-values[i], i))[:k]
+
+
+def _marked(page) -> list[tuple[int, int]]:
+    cells = page.eval_on_selector_all("table.heatmap td.strongest",
+                                      "cells => cells.map(c => [Number(c.dataset.row), Number(c.dataset.col)])")
+    return sorted(tuple(cell) for cell in cells)
+
+
+def _explore(page, maps: dict, layer: int, head: int) -> None:
+    """Choose cross-attention, a layer and a head; hover a target piece, then a source piece, and check the marked
+    cells are the largest weights of that row, then of that column."""
+    page.select_option("#kind", "cross")
+    page.select_option("#layer", str(layer))
+    page.select_option("#head", str(head))
+    page.wait_for_selector('table.heatmap[data-kind="cross"]')
+    weights = maps["cross"][layer][head]  # (target pieces, source pieces)
+    assert page.locator("table.heatmap td").count() == len(weights) * len(weights[0])
+    assert page.locator("table.heatmap tbody th").all_inner_texts() == maps["target_pieces"]
+    assert page.locator("table.heatmap thead th[data-col]").all_inner_texts() == maps["source_pieces"]
+    page.hover('table.heatmap tbody th[data-row="0"]')
+    assert _marked(page) == sorted((0, k) for k in _top(weights[0]))
+    page.hover('table.heatmap thead th[data-col="0"]')
+    assert _marked(page) == sorted((q, 0) for q in _top([row[0] for row in weights]))
+
+
+def test_the_explorer_translates_and_shows_each_kind_layer_and_head_in_a_browser(served, run_dir, browser, tmp_path):
+    url, _ = served
+    lines = sentences(run_dir)[:3]
+    page = browser.new_page()
+    page.goto(url)
+    page.fill("#input", "\n".join(lines))
+    page.click("#translate")
+    page.wait_for_selector("#results li")
+    translations = httpx.post(f"{url}/translate", json={"text": lines}).json()["translations"]
+    assert page.locator("#results li .target").all_inner_texts() == [nbest[0]["text"] for nbest in translations]
+    page.locator("#results li").nth(1).click()
+    page.wait_for_selector("table.heatmap")
+    maps = httpx.post(f"{url}/attention", json={"source": lines[1], "target": translations[1][0]["text"]}).json()
+    _explore(page, maps, layer=1, head=1)
+    _explore(page, maps, layer=0, head=0)
+    page.select_option("#kind", "encoder")
+    page.wait_for_selector('table.heatmap[data-kind="encoder"]')
+    assert page.locator("table.heatmap tbody th").all_inner_texts() == maps["source_pieces"]
+    page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
+    assert (tmp_path / "explorer.png").stat().st_size > 0
+    page.close()
+
+
+def test_evaluate_writes_one_self_contained_explorer_that_opens_offline(run_dir, browser, tmp_path):
+    from transformer.app import pipeline
+    from transformer.app.schemas import EvaluateConfig
+    from transformer.config import AttentionDumpConfig
+
+    toy = run_dir.parent / "toy"
+    cfg = EvaluateConfig(run_dir=str(run_dir), src_file=str(toy / "test.src"), ref_file=str(toy / "test.tgt"),
+                         eval=BEAM, attention=AttentionDumpConfig(indices=[0, 2], format="html"),
+                         output_dir=str(tmp_path / "eval"), device="cpu")
+    pipeline.evaluate(cfg)
+    page_file = tmp_path / "eval" / "attention" / "explorer.html"
+    assert sorted(p.name for p in page_file.parent.glob("*.npz")) == ["test0_hyp.npz", "test2_hyp.npz"]
+    assert "http://" not in page_file.read_text() and "https://" not in page_file.read_text()
+    from transformer.inference.attention_maps import load_attention_maps
+    from transformer.inference.explorer import attention_json
+
+    maps = attention_json(load_attention_maps(page_file.parent / "test2_hyp.npz"))
+    page = browser.new_page()
+    page.goto(page_file.as_uri())
+    assert page.locator("#translator").is_hidden()
+    page.wait_for_selector("#results li")
+    assert page.locator("#results li").count() == 2
+    page.locator("#results li").nth(1).click()
+    page.wait_for_selector("table.heatmap")
+    _explore(page, maps, layer=1, head=0)
+    page.close()

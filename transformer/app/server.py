@@ -1,0 +1,409 @@
+"""``transformer-serve``: a REST API over one model, with dynamic batching, and the attention explorer at ``/``.
+
+Built on FastAPI (validation, the OpenAPI page at ``/docs``) and uvicorn. Endpoints:
+
+- ``POST /translate`` ``{"text": "..." | ["...", ...], "beam_size"?, "n_best"?}`` -> ``{"translations": [[{"text",
+  "score"}, ...n_best] per sentence], "warnings": [...]}``. Decoding goes through :class:`Translator` (so a run, a
+  checkpoint and a CTranslate2 export are served alike) with the composed ``eval`` settings; a request may change
+  ``beam_size`` and ``n_best``.
+- ``POST /attention`` ``{"source": "...", "target"?: "..."}`` -> the pieces and the ``[layer][head][query][key]``
+  weights of encoder self-, decoder self- and cross-attention (:func:`transformer.inference.explorer.attention_json`),
+  teacher-forced on ``target`` or on the model's own translation.
+- ``GET /health``, ``GET /info`` (languages, model config, vocabulary sizes, checkpoint SHA-256, settings).
+
+Batching (:class:`Batcher`): requests wait in one queue; the decoder takes the first and, for up to
+``max_wait_ms``, every later one with the same ``beam_size`` and ``n_best`` until ``batch_tokens`` source tokens,
+and decodes them as one list (sorted by length and padded, as ``transformer-translate`` decodes a file). While it
+decodes, new requests queue, so a busy server batches without waiting. ``batching=false`` decodes each request
+alone, in arrival order. One thread decodes; the event loop keeps accepting requests meanwhile.
+
+A bad request gets a 4xx JSON ``{"error": "<field>: <what is wrong>", "field": "<field>"}`` and changes nothing:
+a body that is not UTF-8 or not JSON, a wrong type, an empty list, more than ``max_sentences`` sentences or
+``max_request_tokens`` source tokens. A line longer than the model's position limit is cut to it, with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from transformer import files
+from transformer.app.schemas import ServeConfig
+from transformer.config import to_plain_dict
+from transformer.inference.attention_maps import pair_attention_maps
+from transformer.inference.explorer import ASSETS, attention_json, live_page
+from transformer.inference.export import EXPORT_FILE
+from transformer.inference.loading import TrainedModel, load_trained
+from transformer.inference.translator import Translation, Translator
+from transformer.runtime import choose_device
+
+log = logging.getLogger(__name__)
+
+MAX_BEAM = 64  # a request's beam_size at most
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP ``status``, the ``field`` at fault and what is wrong with it."""
+
+    def __init__(self, status: int, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.status, self.field = status, field_name
+
+
+# --------------------------------------------------------------------------------------------------
+# Batching
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    sentences: list[str]
+    key: tuple[int, int]  # (beam_size, n_best): only equal settings decode together
+    tokens: int  # source tokens
+    future: asyncio.Future = field(repr=False)
+
+
+class Batcher:
+    """Decodes queued translation requests together (see the module docstring); one decoding at a time."""
+
+    def __init__(self, decode: Callable[[list[str], int, int], list[list[Translation]]], *, batching: bool,
+                 max_wait_s: float, batch_tokens: int) -> None:
+        self.decode, self.batching, self.max_wait_s, self.batch_tokens = decode, batching, max_wait_s, batch_tokens
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")  # the model's one user
+        self.batch_sizes: list[int] = []  # requests per decoded batch, for tests and logs
+        self._queue: asyncio.Queue[_Job] | None = None
+        self._held: deque[_Job] = deque()  # taken from the queue but not batchable with the batch being formed
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.executor.shutdown(wait=True)
+
+    async def translate(self, sentences: list[str], beam_size: int, n_best: int,
+                        tokens: int) -> list[list[Translation]]:
+        assert self._queue is not None, "Batcher.start() first"
+        job = _Job(sentences, (beam_size, n_best), tokens, asyncio.get_running_loop().create_future())
+        await self._queue.put(job)
+        return await job.future
+
+    async def run(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on the decoding thread (anything else that uses the model)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
+
+    async def _next_batch(self) -> list[_Job]:
+        assert self._queue is not None
+        first = self._held.popleft() if self._held else await self._queue.get()
+        batch, tokens = [first], first.tokens
+        if not self.batching:
+            return batch
+        for job in list(self._held):  # earlier arrivals first
+            if job.key == first.key and tokens + job.tokens <= self.batch_tokens:
+                self._held.remove(job)
+                batch.append(job)
+                tokens += job.tokens
+        deadline = asyncio.get_running_loop().time() + self.max_wait_s
+        while tokens < self.batch_tokens:
+            if self._queue.empty():
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self._queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            else:
+                job = self._queue.get_nowait()
+            if job.key == first.key and tokens + job.tokens <= self.batch_tokens:
+                batch.append(job)
+                tokens += job.tokens
+            else:
+                self._held.append(job)
+                if job.key == first.key:
+                    break  # the batch is full
+        return batch
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self._next_batch()
+            sentences = [sentence for job in batch for sentence in job.sentences]
+            self.batch_sizes.append(len(batch))
+            try:
+                results = await self.run(self.decode, sentences, *batch[0].key)
+            except Exception as error:  # a failed decoding fails its requests, not the server
+                log.exception("decoding a batch of %d requests failed", len(batch))
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(error)
+                continue
+            start = 0
+            for job in batch:
+                if not job.future.done():  # a client that went away cancelled its future
+                    job.future.set_result(results[start:start + len(job.sentences)])
+                start += len(job.sentences)
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests
+# --------------------------------------------------------------------------------------------------
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or a :class:`RequestError` naming what is wrong with it."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(400, "body", f"is not valid UTF-8 (at byte offset {error.start})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RequestError(400, "body", f"is not valid JSON: {error.msg} (line {error.lineno} column "
+                                        f"{error.colno})") from None
+    if not isinstance(value, dict):
+        raise RequestError(422, "body", f"must be a JSON object, got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list",
+             dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _only(request: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    for key in request:
+        if key not in allowed:
+            raise RequestError(422, key, f"is not a field of this request (fields: {', '.join(allowed)})")
+
+
+def _text_field(request: dict[str, Any], name: str, required: bool = True) -> str | None:
+    value = request.get(name)
+    if value is None and not required:
+        return None
+    if value is None:
+        raise RequestError(422, name, "is required")
+    if not isinstance(value, str):
+        raise RequestError(422, name, f"must be a string, got {_json_type(value)}")
+    return value
+
+
+def _int_field(request: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = request.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(422, name, f"must be an integer, got {_json_type(value)}")
+    if not low <= value <= high:
+        raise RequestError(422, name, f"must be in {low}..{high}, got {value}")
+    return value
+
+
+def parse_sentences(request: dict[str, Any]) -> list[str]:
+    """``text``: one string or a non-empty list of strings."""
+    text = request.get("text")
+    if text is None:
+        raise RequestError(422, "text", "is required: a string or a list of strings")
+    if isinstance(text, str):
+        return [text]
+    if not isinstance(text, list):
+        raise RequestError(422, "text", f"must be a string or a list of strings, got {_json_type(text)}")
+    if not text:
+        raise RequestError(422, "text", "is an empty list: give at least one sentence")
+    for i, item in enumerate(text):
+        if not isinstance(item, str):
+            raise RequestError(422, f"text[{i}]", f"must be a string, got {_json_type(item)}")
+    return text
+
+
+# --------------------------------------------------------------------------------------------------
+# The application
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    """What the server serves: a translator, and the PyTorch model for attention maps (None: not available, and
+    why)."""
+
+    translator: Translator
+    attention: TrainedModel | None
+    attention_missing: str
+    info: dict[str, Any]
+
+
+def load_served_model(cfg: ServeConfig) -> Model:
+    """The translator for ``cfg``'s run, checkpoint or export, and the PyTorch model attention maps need."""
+    device = choose_device(cfg.device)
+    path = cfg.run_dir or cfg.checkpoint or cfg.export_dir
+    translator = Translator.load(path, device=device.type, eval_cfg=cfg.eval)
+    if translator.backend == "torch":
+        attention, missing = translator.trained, ""
+        sha = files.sha256(translator.source)
+        model_config = to_plain_dict(translator.trained.config.model)
+    else:
+        record = json.loads((Path(cfg.export_dir) / EXPORT_FILE).read_text(encoding="utf-8"))
+        sha, model_config = record["source_checkpoint"]["sha256"], record["model"]
+        source = Path(record["source_checkpoint"]["path"])
+        attention, missing = None, (f"attention maps need this app's model: the export's source checkpoint {source} "
+                                    "is not there (serve run_dir=... or checkpoint=... instead)")
+        if source.is_file() and files.sha256(source) == sha:
+            attention, missing = load_trained(source, device), ""
+        elif source.is_file():
+            missing = f"attention maps need the export's source checkpoint, but {source} changed since the export"
+    info = {
+        "source_language": translator.data.src, "target_language": translator.data.tgt,
+        "backend": translator.backend, "checkpoint": str(translator.source), "checkpoint_sha256": sha,
+        "model": model_config,
+        "vocabulary": {"source": translator.src_tok.vocab_size, "target": translator.tgt_tok.vocab_size},
+        "eval": to_plain_dict(cfg.eval), "batching": cfg.batching, "attention": attention is not None,
+        "limits": {"max_sentences": cfg.max_sentences, "max_request_tokens": cfg.max_request_tokens,
+                   "max_tokens_per_sentence": translator.max_positions, "max_beam_size": MAX_BEAM},
+    }
+    return Model(translator, attention, missing, info)
+
+
+def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
+    """The FastAPI application serving ``model`` with ``cfg``'s limits and batching."""
+    translator = model.translator
+
+    def decode(sentences: list[str], beam_size: int, n_best: int) -> list[list[Translation]]:
+        return translator.translate_scored(sentences, beam_size=beam_size, n_best=n_best)
+
+    batcher = Batcher(decode, batching=cfg.batching, max_wait_s=cfg.max_wait_ms / 1000,
+                      batch_tokens=cfg.batch_tokens)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="transformer-serve", lifespan=lifespan,
+                  description="Translate with a trained model and explore its attention.")
+    app.state.batcher = batcher
+    app.mount("/static", StaticFiles(directory=ASSETS), name="static")
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, error: RequestError) -> JSONResponse:
+        return JSONResponse({"error": str(error), "field": error.field}, status_code=error.status)
+
+    def lengths(sentences: list[str], names: list[str], limit: int) -> tuple[int, list[str]]:
+        """Source tokens in all (after cutting), and a warning for each sentence cut to ``limit`` tokens."""
+        counts = [len(translator.src_tok.encode(s)) if s.strip() else 0 for s in sentences]
+        warnings = [f"{name}: {n} tokens, cut to the model's limit of {limit}"
+                    for name, n in zip(names, counts) if n > limit]
+        return sum(min(n, limit) for n in counts), warnings
+
+    @app.post("/translate", openapi_extra=_body_schema({
+        "text": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
+        "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_BEAM},
+        "n_best": {"type": "integer", "minimum": 1}}, ["text"]))
+    async def translate(request: Request) -> dict[str, Any]:
+        body = parse_body(await request.body())
+        _only(body, ("text", "beam_size", "n_best"))
+        sentences = parse_sentences(body)
+        beam_size = _int_field(body, "beam_size", 1, MAX_BEAM) or translator.eval.beam_size
+        n_best = _int_field(body, "n_best", 1, MAX_BEAM) or translator.eval.n_best
+        if n_best > beam_size:
+            raise RequestError(422, "n_best", f"{n_best} translations need beam_size >= {n_best}, got {beam_size}")
+        if len(sentences) > cfg.max_sentences:
+            raise RequestError(413, "text", f"{len(sentences)} sentences; a request takes at most {cfg.max_sentences}")
+        names = ["text"] if isinstance(body["text"], str) else [f"text[{i}]" for i in range(len(sentences))]
+        tokens, warnings = lengths(sentences, names, translator.max_positions)
+        if tokens > cfg.max_request_tokens:
+            raise RequestError(413, "text", f"{tokens} source tokens; a request takes at most "
+                                            f"{cfg.max_request_tokens}")
+        results = await batcher.translate(sentences, beam_size, n_best, tokens)
+        return {"translations": [[{"text": t.text, "score": t.score} for t in nbest] for nbest in results],
+                "warnings": warnings}
+
+    @app.post("/attention", openapi_extra=_body_schema(
+        {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]))
+    async def attention(request: Request) -> dict[str, Any]:
+        body = parse_body(await request.body())
+        _only(body, ("source", "target"))
+        source, target = _text_field(body, "source"), _text_field(body, "target", required=False)
+        if not source.strip():
+            raise RequestError(422, "source", "is empty: there is nothing to attend to")
+        if model.attention is None:
+            raise RequestError(409, "source", model.attention_missing)
+        limit = translator.max_positions - 1  # the decoder reads BOS and the target: both fit the position limit
+        _, warnings = lengths([source], ["source"], limit)
+        if target is None:
+            target = (await batcher.translate([source], translator.eval.beam_size, 1, 0))[0][0].text
+        elif len(translator.tgt_tok.encode(target)) > limit:
+            warnings.append(f"target: {len(translator.tgt_tok.encode(target))} tokens, cut to the model's limit of "
+                            f"{limit}")
+        maps = await batcher.run(pair_attention_maps, model.attention, source, target, limit)
+        return attention_json(maps, warnings)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def info() -> dict[str, Any]:
+        return model.info
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> str:
+        return live_page(f"Translate {model.info['source_language']} → {model.info['target_language']} and "
+                         "explore attention")
+
+    return app
+
+
+def _body_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """The request body for the OpenAPI page (the handlers read and check the body themselves, to name the field
+    at fault in their own words)."""
+    schema = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+@contextmanager
+def serving_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve ``app`` from a thread (tests, the load benchmark); yields its base URL. ``port=0``: a free port."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def serve(cfg: ServeConfig) -> None:
+    """Load the model and serve it until interrupted."""
+    import uvicorn
+
+    model = load_served_model(cfg)
+    app = create_app(model, cfg)
+    log.info("serving %s (%s) at http://%s:%d/ (API docs at /docs)", model.info["checkpoint"],
+             model.info["backend"], cfg.host, cfg.port)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")

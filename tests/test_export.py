@@ -247,3 +247,22 @@ def test_translate_and_evaluate_take_one_model_source_and_no_ensemble_with_an_ex
     with pytest.raises(ConfigError, match="ensemble: an export decodes alone"):
         TranslateConfig(export_dir="exported", ensemble=["other_run"])
     assert TranslateConfig(export_dir="exported").export_dir == "exported"
+
+
+def test_the_readme_translator_example_runs_on_an_export(one_run, tmp_path, capsys):
+    import re
+
+    from conftest import REPO
+
+    from transformer import Translator
+
+    (block,) = [b for b in re.findall(r"```py\n(.*?)```", (REPO / "README.md").read_text(encoding="utf-8"), re.S)
+                if "Translator.load" in b]
+    assert len(block.strip().splitlines()) <= 6  # a few lines, as the README promises
+    out = export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    exec(compile(block.replace('"exports/en_de"', repr(str(out))), "README Translator example", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    translator = Translator.load(out)
+    assert printed[0] == str(translator.translate(["A man rides a bike."]))
+    best = translator.translate_scored(["Two dogs play."], beam_size=4, n_best=2)[0]
+    assert printed[1:] == [f"{h.score:.3f} {h.text}" for h in best] and len(best) == 2

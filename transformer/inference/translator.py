@@ -70,9 +70,10 @@ class Translator:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", backend: str | None = None,
-             eval_cfg: EvalConfig | None = None) -> Translator:
+             eval_cfg: EvalConfig | None = None, threads: int = 0) -> Translator:
         """A translator for ``path``: a run directory or a checkpoint file (backend ``torch``) or an export
-        directory (backend ``ctranslate2``; its ``export.json`` gives the search when ``eval_cfg`` is None)."""
+        directory (backend ``ctranslate2``; its ``export.json`` gives the search when ``eval_cfg`` is None).
+        ``threads``: CTranslate2's CPU threads (0: its default; PyTorch's are ``torch.set_num_threads``)."""
         path = Path(path)
         is_export = (path / EXPORT_FILE).is_file()
         backend = backend or ("ctranslate2" if is_export else "torch")
@@ -85,14 +86,14 @@ class Translator:
             raise ConfigError(f"backend: ctranslate2 runs an export; make one with transformer-export "
                               f"{'run_dir' if path.is_dir() else 'checkpoint'}={path} out_dir=DIR")
         if is_export:
-            return cls._load_export(path, device, eval_cfg)
+            return cls._load_export(path, device, eval_cfg, threads)
         trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [],
                              torch.device(device))
         return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(), trained.model.max_positions,
                    trained.config.data, trained.path, trained=trained, device=device)
 
     @classmethod
-    def _load_export(cls, path: Path, device: str, eval_cfg: EvalConfig | None) -> Translator:
+    def _load_export(cls, path: Path, device: str, eval_cfg: EvalConfig | None, threads: int) -> Translator:
         import ctranslate2
 
         info = json.loads((path / EXPORT_FILE).read_text(encoding="utf-8"))
@@ -102,7 +103,7 @@ class Translator:
             if "length_norm" in decoding:
                 decoding["length_norm"] = LengthNorm(decoding["length_norm"])
             eval_cfg = EvalConfig(**decoding)
-        ct2 = ctranslate2.Translator(str(path), device=device)
+        ct2 = ctranslate2.Translator(str(path), device=device, intra_threads=threads)
         data = from_plain_dict(DataConfig, info["data"])
         return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), data, path,
                    ct2=ct2, device=device)

@@ -183,5 +183,52 @@ def test_save_model_keeps_metadata_but_no_training_state(tmp_path):
     like = {**_state(1.0, 7), "model_config": {"d_model": 8}, "tokenizers": {"src": {}, "tgt": {}}, "optimizer": {}}
     save_model({"w": torch.ones(1)}, like, tmp_path / "final.pt", source="best (step 7)")
     saved = load_checkpoint(tmp_path / "final.pt")
-    assert sorted(saved) == ["config", "model", "model_config", "source", "step", "tokenizers", "version"]
+    assert sorted(saved) == ["config", "digest", "model", "model_config", "source", "step", "tokenizers", "version"]
     assert saved["step"] == 7 and saved["source"] == "best (step 7)"
+
+
+def _damage(path: Path, pattern: bytes, replacement: bytes) -> None:
+    """Overwrite the first occurrence of ``pattern`` inside the file (a tensor's stored bytes)."""
+    data = path.read_bytes()
+    at = data.index(pattern)
+    path.write_bytes(data[:at] + replacement + data[at + len(replacement):])
+
+
+@pytest.mark.parametrize("damage", ["flipped", "zeroed"])
+def test_a_checkpoint_with_damaged_tensor_bytes_is_refused_naming_an_earlier_one(tmp_path, damage):
+    manager = CheckpointManager(tmp_path, keep_last=3)
+    for step in (10, 20):
+        state = _state(1.0, step)
+        state["model"]["w"] = torch.full((64,), 1.2345 + step)  # bytes to find in the file
+        manager.save(state, step, is_best=False)
+    newest = tmp_path / "step_20.pt"
+    weights = torch.full((64,), 21.2345).numpy().tobytes()
+    assert torch.load(newest, weights_only=True)["step"] == 20  # what torch alone would read: no complaint
+    _damage(newest, weights[:16], bytes([weights[0] ^ 0x10]) if damage == "flipped" else bytes(16))
+    assert torch.load(newest, weights_only=True)["step"] == 20  # torch's zip reader checks no CRC
+    for path in (newest, tmp_path / "last.pt"):  # last.pt is the same file
+        with pytest.raises(CheckpointError, match=rf"{path}: corrupt: its tensors do not match the digest .*"
+                                                  rf"{tmp_path / 'step_10.pt'} is an earlier checkpoint"):
+            load_checkpoint(path)
+    assert load_checkpoint(tmp_path / "step_10.pt")["step"] == 10
+    assert load_checkpoint(newest, verify=False)["step"] == 20  # metadata only, on request
+
+
+def test_the_digest_covers_every_tensor_and_its_place():
+    state = _state(1.0, 3)
+    digest = checkpoint.tensor_digest(state)
+    assert digest.startswith("sha256:") and checkpoint.tensor_digest(_state(1.0, 3)) == digest
+    changed = [_state(1.0, 3) for _ in range(4)]
+    changed[0]["model"]["b"][0] = 1.0000001  # a value
+    changed[1]["model"]["w"] = changed[1]["model"]["w"].reshape(4)  # a shape
+    changed[2]["model"]["w"] = changed[2]["model"]["w"].double()  # a dtype
+    changed[3]["model"]["v"] = changed[3]["model"].pop("w")  # a place
+    assert len({digest, *(checkpoint.tensor_digest(s) for s in changed)}) == 5
+    assert checkpoint.tensor_digest({**state, "digest": "anything"}) == digest
+
+
+def test_a_checkpoint_without_a_digest_loads_with_a_warning(tmp_path, caplog):
+    torch.save({**_state(1.0, 5), "version": CHECKPOINT_VERSION}, tmp_path / "old.pt")  # as versions before 0.9
+    with caplog.at_level("WARNING", logger="transformer.checkpoint"):
+        assert load_checkpoint(tmp_path / "old.pt")["step"] == 5
+    assert f"{tmp_path / 'old.pt'}: written before checkpoints carried a digest" in caplog.text

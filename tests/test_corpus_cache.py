@@ -244,6 +244,18 @@ def test_a_half_written_folder_is_removed_and_rebuilt(tmp_path, corpus, counted,
     assert all(np.array_equal(a, b) for a, b in zip(expected, rebuilt))
 
 
+def test_a_folder_whose_bytes_changed_is_removed_and_rebuilt(tmp_path, corpus, counted, caplog):
+    expected = _arrays(load_or_build(_cfg(tmp_path))[2])
+    folder = tmp_path / "cache" / "corpus" / _folders(tmp_path, "corpus")[0]
+    data = bytearray((folder / "src_tokens.npy").read_bytes())
+    data[-1] ^= 0x01  # one flipped bit in the last token id: same size, so only the digest can tell
+    (folder / "src_tokens.npy").write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        rebuilt = _arrays(load_or_build(_cfg(tmp_path))[2])
+    assert f"{folder}: src_tokens.npy do not match the SHA-256 in meta.json" in caplog.text
+    assert counted["encode"].calls == 2 and all(np.array_equal(a, b) for a, b in zip(expected, rebuilt))
+
+
 def test_temporary_folders_of_dead_processes_are_removed(tmp_path, corpus):
     load_or_build(_cfg(tmp_path))
     name = _folders(tmp_path, "corpus")[0]

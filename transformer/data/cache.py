@@ -53,7 +53,7 @@ from transformer.data.corpus import (
 from transformer.data.encoding import EncodedChunk, NpyWriter, encoded_chunks
 from transformer.data.splits import corpus_paths
 from transformer.data.tokenizer import Tokenizer, build_tokenizers, load_tokenizers, save_tokenizers, tokenizer_digest
-from transformer.files import fsync_directory, fsync_file, write_json
+from transformer.files import fsync_directory, fsync_file, sha256, write_json
 from transformer.tracking import ProgressBar
 
 log = logging.getLogger(__name__)
@@ -84,27 +84,35 @@ def _folder(root: Path, kind: str, cfg: DataConfig, key: dict[str, Any]) -> Path
 
 
 def _write_meta(folder: Path, key: dict[str, Any], extra: dict[str, Any]) -> None:
-    """Fsync every file in ``folder``, then write ``meta.json`` (key, file sizes, ``extra``) last."""
+    """Fsync every file in ``folder``, then write ``meta.json`` (key, file sizes and SHA-256, ``extra``) last."""
     files = {path.name: path.stat().st_size for path in sorted(folder.iterdir())}
     for name in files:
         fsync_file(folder / name)
-    meta = {"format": FORMAT_VERSION, "key": key, "files": files, "created": time.time(), **extra}
+    digests = {name: sha256(folder / name) for name in files}
+    meta = {"format": FORMAT_VERSION, "key": key, "files": files, "sha256": digests, "created": time.time(), **extra}
     write_json(folder / _META, meta)
 
 
 def _valid_meta(folder: Path, key: dict[str, Any]) -> dict[str, Any] | None:
-    """``meta.json`` of a complete folder built for ``key``; a half-written folder is removed (None)."""
+    """``meta.json`` of a complete, intact folder built for ``key``; a half-written or damaged folder is removed
+    (None), to be rebuilt. Checking the files' SHA-256 reads them once per use (about 0.1 s per 100 MB)."""
     if not folder.exists():
         return None
     try:
         meta = json.loads((folder / _META).read_text(encoding="utf-8"))
         complete = meta["format"] == FORMAT_VERSION and meta["key"] == key and all(
             (folder / name).stat().st_size == size for name, size in meta["files"].items())
+        damaged = complete and [name for name, digest in meta.get("sha256", {}).items()
+                                if sha256(folder / name) != digest]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        complete = False
-    if complete:
+        complete, damaged = False, []
+    if complete and not damaged:
         return meta
-    log.warning("%s is incomplete or does not match its key (half-written?): removing it to rebuild", folder)
+    if damaged:
+        log.warning("%s: %s do not match the SHA-256 in meta.json (a damaged disk or copy): removing the folder to "
+                    "rebuild it", folder, ", ".join(damaged))
+    else:
+        log.warning("%s is incomplete or does not match its key (half-written?): removing it to rebuild", folder)
     shutil.rmtree(folder)
     return None
 

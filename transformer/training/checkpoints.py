@@ -15,12 +15,14 @@ import torch
 from transformer.checkpoint import (
     BEST_FILE,
     CHECKPOINT_VERSION,
+    DIGEST_KEY,
     FINAL_FILE,
     LAST_FILE,
     STEP_FILE,
     CheckpointError,
     check_plain,
     load_checkpoint,
+    tensor_digest,
 )
 from transformer.files import atomic_write, fsync_directory, link_atomically
 
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
-    """Write ``state`` (plus ``version``) to ``path`` atomically.
+    """Write ``state`` (plus ``version`` and the ``digest`` of its tensors) to ``path`` atomically.
 
     The data goes to a temporary file in the same directory, is flushed and fsynced, and then renamed over
     ``path`` with ``os.replace``; a crash at any point leaves either the old file or the new one, never a
@@ -37,6 +39,7 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     path = Path(path)
     state = {**state, "version": CHECKPOINT_VERSION}
     check_plain(state)
+    state[DIGEST_KEY] = tensor_digest(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as handle:
         torch.save(state, handle)
@@ -123,7 +126,7 @@ class CheckpointManager:
             if not path.is_file():
                 continue
             try:
-                if int(load_checkpoint(path, mmap=True)["step"]) > step:
+                if int(load_checkpoint(path, mmap=True, verify=False)["step"]) > step:
                     later.append(path)
             except CheckpointError as error:  # e.g. a torn last.pt: kept, with the history it may belong to
                 log.warning("%s; set aside with the checkpoints after step %d", error, step)

@@ -214,7 +214,7 @@ def saved_recipe(target: str | Path) -> list[str] | None:
     directory, else None."""
     run, path = _resume_paths(target)
     if path.is_file():
-        recipe = load_checkpoint(path, mmap=True).get("recipe")  # mapped: the weights are not read
+        recipe = load_checkpoint(path, mmap=True, verify=False).get("recipe")  # mapped: the weights are not read
         if recipe is not None:
             return [str(override) for override in recipe]
     hydra_file = run.root / ".hydra" / "overrides.yaml"

@@ -59,6 +59,21 @@ def test_a_range_error_is_one_logged_line_and_exit_status_1(compose_config, capl
     assert [r.getMessage() for r in caplog.records] == ["training.lr: must be > 0, got -1.0"]
 
 
+@pytest.mark.parametrize("override, message", [
+    ("+training.max_stepz=5", "training.max_stepz: no such setting; did you mean training.max_steps?"),
+    ("+model.glove.pth=x", "model.glove.pth: no such setting; did you mean model.glove.path?"),
+    ("+zzz=1", "zzz: no such setting; the settings here: data, model, training, eval, "),
+])
+def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplog, override, message) -> None:
+    def command(cfg: TrainConfig) -> None:
+        raise AssertionError("must not run with a setting nothing reads")
+
+    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
+        cli._run(command, compose_config("train", [override, *RUN]))
+    assert exit_info.value.code == 1
+    assert caplog.records[0].getMessage().startswith(message)
+
+
 @pytest.mark.parametrize("error", [DataError("train.en:3: empty line"), FileNotFoundError("no such file: x.pt"),
                                    ConfigError("eval.n_best: too many")])
 def test_user_errors_raised_by_the_command_exit_with_status_1(compose_config, caplog, error) -> None:
@@ -173,3 +188,40 @@ def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) 
     assert "resuming with the run's recipe" in log and "training stopped (max_steps) at step 8" in log
     assert load_checkpoint(run / "checkpoints" / "last.pt")["recipe"][-2:] == [f"output_dir={run}",
                                                                                "training.max_steps=8"]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command, argv, message", [
+    ("train", ["training.lr=0.1"], "already holds a run's checkpoints, which a new run would overwrite; continue it "
+                                   "with resume="),
+    ("evaluate", ["run_dir=elsewhere"], "already holds metrics.json, checkpoints, .hydra (a training run's"),
+])
+def test_a_refused_command_leaves_the_run_it_names_byte_for_byte(tmp_path: Path, command, argv, message) -> None:
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("training:\n  lr: 0.002\n")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.pt").write_bytes(b"weights")
+    (run / "metrics.json").write_text('{"bleu": 39.6}')
+    (run / "train.log").write_text("the run's log\n")
+    before = _tree(run)
+    done = subprocess.run([sys.executable, "-m", "transformer", command, *argv, f"hydra.run.dir={run}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and message in done.stderr
+    assert _tree(run) == before
+
+
+def test_evaluate_and_translate_do_not_replace_results_unless_told(tmp_path: Path, compose_config) -> None:
+    from transformer.app import pipeline
+    from transformer.app.schemas import EvaluateConfig, TranslateConfig
+
+    (tmp_path / "metrics.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"output_dir: .* already holds metrics.json .* overwrite=true"):
+        pipeline.evaluate(EvaluateConfig(run_dir="nowhere", output_dir=str(tmp_path)))
+    (tmp_path / "out.txt").write_text("earlier translations\n")
+    with pytest.raises(ConfigError, match=r"output: .*out.txt exists; choose a new file, or overwrite=true"):
+        pipeline.translate(TranslateConfig(run_dir="nowhere", output=str(tmp_path / "out.txt")))
+    assert (tmp_path / "out.txt").read_text() == "earlier translations\n"

@@ -112,7 +112,8 @@ def test_evaluate_scores_another_split_of_the_corpus(trained_run, compose_config
     with pytest.raises(ConfigError, match="split: give split=... or src_file/ref_file, not both"):
         OmegaConf.to_object(compose_config("evaluate", [f"run_dir={run_dir}", "split=val", "src_file=a",
                                                         "ref_file=b", f"output_dir={tmp_path}"]))
-    cfg = compose_config("evaluate", [f"run_dir={run_dir}", f"output_dir={tmp_path}", "split=test_2099"])
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", f"output_dir={tmp_path}", "split=test_2099",
+                                      "overwrite=true"])
     with pytest.raises(DataError, match=r"test_2099\.src\[\.gz\]: file not found"):
         pipeline.evaluate(OmegaConf.to_object(cfg))
 
@@ -126,7 +127,7 @@ def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_co
     result = pipeline.evaluate(OmegaConf.to_object(cfg))
     assert result["test_set"].endswith(f"(pairs with > 5 tokens on a side: {len(long)})")
     assert len((tmp_path / "hypotheses.txt").read_text(encoding="utf-8").splitlines()) == len(long)
-    cfg = compose_config("evaluate", [f"run_dir={run_dir}", f"output_dir={tmp_path}", "longer_than=7"])
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", f"output_dir={tmp_path / 'again'}", "longer_than=7"])
     with pytest.raises(ConfigError, match="longer_than: no test pair has more than 7 tokens"):
         pipeline.evaluate(OmegaConf.to_object(cfg))
 
@@ -143,7 +144,8 @@ def test_evaluate_and_translate_an_ensemble_of_the_run_with_itself(trained_run, 
     outputs = []
     for ensemble in ([], [str(run_dir)]):
         cfg = compose_config("translate", [f"run_dir={run_dir}", f"input={tmp_path / 'in.txt'}",
-                                           f"output={tmp_path / 'out.txt'}", f"ensemble={ensemble}"])
+                                           f"output={tmp_path / 'out.txt'}", f"ensemble={ensemble}",
+                                           "overwrite=true"])
         pipeline.translate(OmegaConf.to_object(cfg))
         outputs.append((tmp_path / "out.txt").read_text(encoding="utf-8"))
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2
@@ -178,7 +180,7 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
 
     source.write_bytes(b"a b\nc \xff d\n")
     with pytest.raises(ConfigError, match=rf"^input: {source}:2 is not valid UTF-8"):
-        pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}")))
+        pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}", "overwrite=true")))
     with pytest.raises(ConfigError, match=r"^output: the directory .*nowhere does not exist"):
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / 'nowhere' / 'o'}")))
     source.write_text("a b\n", encoding="utf-8")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.app.schemas import register_configs
+from transformer.app.schemas import refuse_unknown_keys, register_configs
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) -> Any:
     """``command`` on the typed config (``typed=False``: on ``cfg`` as it is), a user error as one logged line."""
     try:
-        return command(OmegaConf.to_object(cfg) if typed else cfg)  # to_object runs every __post_init__ check
+        if typed:
+            cfg = OmegaConf.to_object(cfg)  # runs every __post_init__ check
+            refuse_unknown_keys(cfg)
+        return command(cfg)
     except _user_errors() as error:
         log.error("%s", error)  # to the console and, for runs with a directory, to its log file
         sys.exit(1)
@@ -102,7 +105,9 @@ def _train(cfg: DictConfig) -> float | None:
 
     def train(cfg: DictConfig) -> dict:
         cfg, recipe = _with_recipe(cfg)
-        return pipeline.train(OmegaConf.to_object(cfg), recipe)
+        typed = OmegaConf.to_object(cfg)
+        refuse_unknown_keys(typed)
+        return pipeline.train(typed, recipe)
 
     metrics = _run(train, cfg, typed=False)
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
@@ -169,13 +174,35 @@ def _setup() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
+    """Before Hydra writes anything (``.hydra/``, the log) into ``hydra.run.dir``: refuse a folder holding another
+    run's work, so a refused command leaves it byte for byte as it was. ``train`` refuses a folder with
+    checkpoints unless it resumes; ``evaluate`` one with results unless ``overwrite=true``."""
+    if "-m" in argv or "--multirun" in argv:
+        return  # sweeps write into folders of their own
+    values = dict(arg.lstrip("+").split("=", 1) for arg in argv if "=" in arg)
+    run_dir = values.get("hydra.run.dir")
+    if run_dir is None:
+        return
+    folder = Path(run_dir)
+    if command == "train" and "resume" not in values and any((folder / "checkpoints").glob("*.pt")):
+        sys.exit(f"hydra.run.dir: {folder} already holds a run's checkpoints, which a new run would overwrite; "
+                 f"continue it with resume={folder}, or train into another directory")
+    taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints", ".hydra") if (folder / name).exists()]
+    if command == "evaluate" and taken and values.get("overwrite", "false").lower() != "true":
+        sys.exit(f"hydra.run.dir: {folder} already holds {', '.join(taken)} (a training run's or an earlier "
+                 "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
+
+
 def train_main() -> None:
     _setup()
+    refuse_a_taken_run_dir("train", sys.argv[1:])
     _train()
 
 
 def evaluate_main() -> None:
     _setup()
+    refuse_a_taken_run_dir("evaluate", sys.argv[1:])
     _evaluate()
 
 

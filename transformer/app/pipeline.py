@@ -293,6 +293,11 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Score a trained model (or an export) on its test split (or another split, or given files) and dump the
     requested attention maps."""
+    out = Path(cfg.output_dir)
+    taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints") if (out / name).exists()]
+    if taken and not cfg.overwrite:
+        raise ConfigError(f"output_dir: {out} already holds {', '.join(taken)} (a training run's or an earlier "
+                          "evaluation's); evaluate into a new folder, or overwrite=true to replace them")
     device = choose_device(cfg.device)
     if cfg.export_dir is not None:
         translator, trained = Translator.load(cfg.export_dir, device=device.type, eval_cfg=cfg.eval), None
@@ -315,7 +320,6 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         scores = corpus_scores(hypotheses, refs, tokenized_lang=data.tgt if cfg.eval.report_tokenized_bleu else None)
     else:
         scores, hypotheses = score_texts(trained.model, src, refs, src_tok, tgt_tok, cfg.eval, device, data.tgt)
-    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     metrics = {"checkpoint" if trained else "export": str(source), "test_set": name, **asdict(scores),
@@ -347,7 +351,7 @@ def translate(cfg: TranslateConfig) -> None:
     """Translate lines from a file or stdin; one output line per input line (n-best joined by tabs)."""
     device = choose_device(cfg.device)
     if cfg.output is not None:
-        _check_output_file(cfg.output, cfg.input)  # before the work, not after it
+        _check_output_file(cfg.output, cfg.input, cfg.overwrite)  # before the work, not after it
     if cfg.export_dir is not None:
         translator = Translator.load(cfg.export_dir, device=device.type, eval_cfg=cfg.eval)
         nbest = translator.translate(_read_input(cfg.input))
@@ -374,13 +378,15 @@ def export(cfg: ExportConfig) -> None:
     print(f"exported {trained.path} to {out} ({cfg.quantization})")
 
 
-def _check_output_file(path: str, input_path: str | None) -> None:
+def _check_output_file(path: str, input_path: str | None, overwrite: bool) -> None:
     target = Path(path)
     if input_path is not None and target.resolve() == Path(input_path).resolve():
         raise ConfigError(f"output: {path} is the input file; the translations would replace the sentences, so "
                           "choose another file")
     if target.is_dir():
         raise ConfigError(f"output: {path} is a directory; give a file name")
+    if target.exists() and not overwrite:
+        raise ConfigError(f"output: {path} exists; choose a new file, or overwrite=true to replace it")
     if not target.parent.is_dir():
         raise ConfigError(f"output: the directory {target.parent} does not exist; create it or choose another file")
 

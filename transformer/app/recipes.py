@@ -51,14 +51,16 @@ def compose_command(name: str, overrides: Sequence[str]) -> Any:
     from omegaconf.errors import OmegaConfBaseException
 
     from transformer.app.cli import CONFIG_PATH
-    from transformer.app.schemas import register_configs
+    from transformer.app.schemas import refuse_unknown_keys, register_configs
 
     register_configs()
     try:
         with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):
             # The run folder of ``train`` is Hydra's, resolved only in a Hydra job: the recipe reads other keys.
             cfg = compose(name, overrides=[*overrides, "output_dir=unused"] if name == "train" else list(overrides))
-        return OmegaConf.to_object(cfg)
+        typed = OmegaConf.to_object(cfg)
+        refuse_unknown_keys(typed)
+        return typed
     except (HydraException, OmegaConfBaseException) as error:
         raise ConfigError(f"the recipe's overrides do not compose ({' '.join(overrides)}): {error}") from None
 
@@ -113,7 +115,7 @@ def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str],
     on the test split, decoded as the ``eval`` and ``device`` overrides among ``overrides`` say; the test metrics."""
     valid_split = valid_split or compose_train(overrides).data.valid_split
     first, *others = members
-    common = [f"run_dir={quoted(first)}", f"ensemble={hydra_list(others)}",
+    common = [f"run_dir={quoted(first)}", f"ensemble={hydra_list(others)}", "overwrite=true",  # the recipe's own
               *passed_on(overrides, ("eval", "device"))]
     pipeline.evaluate(compose_command("evaluate", [*common, f"split={valid_split}",
                                                    f"output_dir={quoted(out / 'ensemble_val')}"]))

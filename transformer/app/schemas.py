@@ -6,13 +6,16 @@ Hydra's ConfigStore under the names the YAML roots start from.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
 from transformer.config import (
     AttentionDumpConfig,
+    ConfigError,
     DataConfig,
     EvalConfig,
     ModelConfig,
@@ -55,6 +58,7 @@ class EvaluateConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     attention: AttentionDumpConfig = field(default_factory=AttentionDumpConfig)
     output_dir: str = "outputs/evaluate"
+    overwrite: bool = False  # write into a folder that already holds a run's or an evaluation's results
     device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -80,6 +84,7 @@ class TranslateConfig:
     ensemble: list[str] = field(default_factory=list)  # more models to decode with it (see EvaluateConfig)
     input: Optional[str] = None  # default: stdin
     output: Optional[str] = None  # default: stdout
+    overwrite: bool = False  # replace an existing output file
     eval: EvalConfig = field(default_factory=EvalConfig)
     device: str = "auto"
 
@@ -183,6 +188,22 @@ class BenchmarkConfig:
         check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
         check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
               f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
+
+
+def refuse_unknown_keys(config: Any, prefix: str = "") -> None:
+    """Refuse a setting no schema has, naming the nearest one: Hydra's ``+group.key=value`` adds a key to a
+    structured config, and the typed config would carry it, unread (``+group=option`` adding a whole config group
+    is unaffected: its keys are the schema's)."""
+    if not dataclasses.is_dataclass(config):
+        return
+    known = [f.name for f in dataclasses.fields(config)]
+    for name in vars(config):
+        if name not in known:
+            nearest = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {prefix}{nearest[0]}?" if nearest else f"; the settings here: {', '.join(known)}"
+            raise ConfigError(f"{prefix}{name}: no such setting{hint}")
+    for name in known:
+        refuse_unknown_keys(getattr(config, name), f"{prefix}{name}.")
 
 
 def register_configs() -> None:

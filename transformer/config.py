@@ -106,10 +106,10 @@ class LengthNorm(enum.Enum):
 class TokenizerConfig:
     """How text becomes ids. ``vocab_size`` caps the word-level vocabulary too."""
 
-    kind: TokenizerKind = TokenizerKind.sentencepiece
-    vocab_size: int = 8000
-    model_type: SentencePieceModel = SentencePieceModel.bpe
-    character_coverage: float = 1.0
+    kind: TokenizerKind = TokenizerKind.sentencepiece  # subwords (SentencePiece) or whole words
+    vocab_size: int = 8000  # pieces per vocabulary
+    model_type: SentencePieceModel = SentencePieceModel.bpe  # SentencePiece's algorithm
+    character_coverage: float = 1.0  # share of characters SentencePiece must cover
     joint: bool = True  # one vocabulary for source and target
     lowercase: bool = False  # word-level only
     min_freq: int = 1  # word-level only
@@ -133,17 +133,17 @@ class TokenizerConfig:
 class DataConfig:
     """Which parallel corpus, which direction, and how it is cleaned and tokenized."""
 
-    corpus: CorpusKind = CorpusKind.multi30k
+    corpus: CorpusKind = CorpusKind.multi30k  # multi30k (downloaded) or custom files
     dir: Optional[str] = None  # where the {split}.{lang}[.gz] files are; multi30k: data/multi30k
     source_dir: Optional[str] = None  # a local copy of Multi30k to use instead of downloading
-    src: str = "en"
-    tgt: str = "de"
-    train_split: str = "train"
+    src: str = "en"  # source language: the file suffix
+    tgt: str = "de"  # target language: the file suffix
+    train_split: str = "train"  # the split trained on
     # Read the training split from this folder ({train_split}.{lang}[.gz]) instead of the corpus's: e.g. the corpus
     # extended with translated copies by transformer-diversify. Validation and test stay the corpus's own.
     train_dir: Optional[str] = None
-    valid_split: str = "val"
-    test_split: str = "test_2016_flickr"
+    valid_split: str = "val"  # the split validated on
+    test_split: str = "test_2016_flickr"  # the split the finished run is scored on
     max_pairs: Optional[int] = None  # keep only the first N training pairs (smoke runs)
     max_len: int = 128  # drop training pairs with more tokens than this on either side
     max_len_ratio: float = 3.0  # drop training pairs whose token-length ratio exceeds this
@@ -170,16 +170,16 @@ class DataConfig:
 class AttentionConfig:
     """How every attention layer (encoder self, decoder self, cross) scores a query against a key."""
 
-    score: AttentionScore = AttentionScore.scaled_dot
+    score: AttentionScore = AttentionScore.scaled_dot  # how a query scores a key
 
 
 @dataclass
 class GloveConfig:
     """Initialise embeddings from a GloVe-format vector file (text, .gz, .zip member, word2vec header)."""
 
-    path: Optional[str] = None
-    side: GloveSide = GloveSide.src
-    freeze: bool = False
+    path: Optional[str] = None  # the GloVe-format vector file (None: no GloVe)
+    side: GloveSide = GloveSide.src  # which embeddings start from it
+    freeze: bool = False  # keep the GloVe rows fixed in training
     rescale: bool = True  # scale vectors to the random init's std (GloVe rows are ~3x larger otherwise)
 
 
@@ -194,19 +194,19 @@ class ModelConfig:
     epochs.
     """
 
-    d_model: int = 128
-    n_heads: int = 4
+    d_model: int = 128  # width of the embeddings and every layer
+    n_heads: int = 4  # attention heads per layer
     d_head: Optional[int] = None  # defaults to d_model // n_heads when that divides
-    d_ff: int = 512
-    n_encoder_layers: int = 4
-    n_decoder_layers: int = 4
+    d_ff: int = 512  # hidden width of the feed-forward layers
+    n_encoder_layers: int = 4  # encoder layers
+    n_decoder_layers: int = 4  # decoder layers
     dropout: float = 0.2  # 0.1 let Multi30k's validation loss rise after ~13 epochs (29k training pairs)
-    attention_dropout: float = 0.1
+    attention_dropout: float = 0.1  # dropout on the attention weights
     activation_dropout: Optional[float] = None  # on the feed-forward hidden layer (None: model.dropout)
-    activation: Activation = Activation.relu
-    norm: NormPosition = NormPosition.pre
-    positions: PositionKind = PositionKind.sinusoidal
-    max_positions: int = 1024
+    activation: Activation = Activation.relu  # the feed-forward non-linearity
+    norm: NormPosition = NormPosition.pre  # LayerNorm before (pre) or after (post) each sublayer
+    positions: PositionKind = PositionKind.sinusoidal  # how the model knows token order
+    max_positions: int = 1024  # the longest sequence the model takes
     rope_base: float = 10000.0  # positions=rope: the rotation of pair i turns by base^(-2i/d_head) per position
     max_relative_distance: int = 16  # positions=relative: distances j - i are clipped to [-this, this]
     attention: AttentionConfig = field(default_factory=AttentionConfig)
@@ -253,9 +253,9 @@ class ModelConfig:
 class TrainingConfig:
     """The optimisation loop. ``max_epochs``/``max_steps``/``max_minutes``: whichever comes first."""
 
-    seed: int = 1234
+    seed: int = 1234  # seeds Python, NumPy and torch
     max_epochs: int = 46  # the default model on Multi30k: 52 - 67 min on the 2-core CPU kinds measured (max_minutes)
-    max_steps: Optional[int] = None
+    max_steps: Optional[int] = None  # stop after this many optimizer steps (None: no limit)
     # Training time of the whole run (validation included; a resumed run counts its earlier time). Where it runs out
     # before max_epochs / max_steps, projected from the pace so far, the cosine schedule ends there (Trainer), so a
     # slower machine trains fewer steps but still anneals; null: every epoch, however long it takes.
@@ -264,37 +264,37 @@ class TrainingConfig:
     accumulate: int = 1  # batches per optimizer step
     pad_to_multiple: Optional[int] = None  # batch lengths rounded up to this; None: 1 on a CPU, 8 on a GPU
     lr: float = 2e-3  # peak learning rate, reached at the end of warm-up
-    warmup_steps: int = 1000
+    warmup_steps: int = 1000  # linear warm-up to training.lr
     schedule: Schedule = Schedule.cosine  # decays to min_lr where training ends: max_steps / max_epochs / max_minutes
     min_lr: float = 0.0  # floor for the cosine schedule
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
-    eps: float = 1e-9
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW's betas
+    eps: float = 1e-9  # AdamW's epsilon
     weight_decay: float = 0.05  # AdamW's decoupled decay; not on biases, norms or embeddings (transformer/training/optim.py)
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.1  # probability mass spread over the vocabulary
     # R-Drop (Liang et al., 2021): > 0 runs each batch twice with independent dropout and adds the two predictions'
     # symmetric KL divergence, weighted as the paper's alpha (5 in its translation runs); twice the compute and
     # activation memory per step
     r_drop: float = 0.0
     bpe_dropout: float = 0.0  # > 0: each epoch segments the training pairs anew, dropping BPE merges at this rate
-    clip_grad_norm: Optional[float] = 1.0
-    precision: Precision = Precision.auto
-    compile: bool = False
+    clip_grad_norm: Optional[float] = 1.0  # gradient norm clipped to this (None: no clipping)
+    precision: Precision = Precision.auto  # auto: bf16 on GPUs that have it, fp32 elsewhere
+    compile: bool = False  # torch.compile the model
     # CUDA only: replay the whole step (forward, backward, clipping, AdamW) from one recorded CUDA graph per batch
     # shape, batches filled to a fixed shape per padded length (transformer/training/cuda_graphs.py); one process, accumulate 1.
     # None: on where it can run (one CUDA process, accumulate 1, not compiled), off elsewhere (runtime.resolve_training)
     cuda_graphs: Optional[bool] = None
     threads: Optional[int] = None  # torch intra-op threads on CPU (None: torch's default)
-    deterministic: bool = False
+    deterministic: bool = False  # deterministic kernels (slower)
     patience: Optional[int] = None  # validations without a greedy-BLEU gain before stopping (None: never)
     validate_every_steps: Optional[int] = None  # None: validate once per epoch
     valid_max_sentences: Optional[int] = None  # translate only the first N validation sentences for BLEU
-    log_every_steps: int = 50
+    log_every_steps: int = 50  # a log line every N steps
     keep_last: int = 5  # periodic checkpoints to keep besides best.pt
     save_every_steps: Optional[int] = None  # also write last.pt every N steps, without validating
     save_every_minutes: Optional[float] = None  # also write last.pt every N minutes, without validating
     average_last: int = 5  # final.pt: best.pt or the average of the last N, the better under eval's search (0/1: best)
     n_samples: int = 3  # sample translations logged at each validation
-    progress_bar: bool = True
+    progress_bar: bool = True  # a tqdm bar on a terminal
 
     def __post_init__(self) -> None:
         check(self.max_epochs > 0, "training.max_epochs", f"must be > 0, got {self.max_epochs}")
@@ -347,12 +347,12 @@ class EvalConfig:
 
     beam_size: int = 8  # 8 and alpha 1.5 scored best on Multi30k validation among beams 4-8, alphas 0.6-1.5
     length_penalty: float = 1.5  # GNMT alpha (length_norm=gnmt)
-    length_norm: LengthNorm = LengthNorm.gnmt
-    n_best: int = 1
+    length_norm: LengthNorm = LengthNorm.gnmt  # how beam search normalizes scores by length
+    n_best: int = 1  # translations per sentence
     max_len_a: float = 1.5  # hypotheses stop at max_len_a * source length + max_len_b tokens
-    max_len_b: int = 10
+    max_len_b: int = 10  # see max_len_a
     batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
-    use_cache: bool = True
+    use_cache: bool = True  # the decoder's key/value cache (same output, faster)
     # Also report BLEU in the Multi30k papers' flavour (lowercased, Moses-normalised and -tokenised; see
     # transformer/inference/metrics.py) next to the cased sacreBLEU, which stays the headline.
     report_tokenized_bleu: bool = True
@@ -374,8 +374,8 @@ class EvalConfig:
 class AttentionDumpConfig:
     """Which sentences to draw attention maps for (test-set indices and/or given source texts)."""
 
-    indices: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)  # test-set sentences to draw
+    texts: list[str] = field(default_factory=list)  # source texts to translate and draw
     on_reference: bool = False  # also teacher-force on the reference translation
     max_tokens: int = 48  # longer sentences are cut for the figures
     format: str = "png"  # png: PNGs, .npz and TensorBoard; html: those and one self-contained explorer.html

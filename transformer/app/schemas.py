@@ -40,7 +40,7 @@ def _check_one_model(run_dir: Optional[str], checkpoint: Optional[str], export_d
 class EvaluateConfig:
     """``transformer-evaluate``: score a trained model on a test set with sacreBLEU."""
 
-    run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
+    run_dir: Optional[str] = None  # a training run directory (its final.pt, else best.pt, else last.pt)
     checkpoint: Optional[str] = None  # or a checkpoint file
     export_dir: Optional[str] = None  # or a CTranslate2 export (transformer-export), decoded by CTranslate2
     # More models to decode with it, each a run directory or a checkpoint file: an ensemble, whose next-token
@@ -50,16 +50,16 @@ class EvaluateConfig:
     # later test sets test_2017_flickr, test_2017_mscoco and test_2018_flickr (fetched and verified on demand);
     # or a pair of files.
     split: Optional[str] = None
-    src_file: Optional[str] = None
-    ref_file: Optional[str] = None
+    src_file: Optional[str] = None  # a source file to score instead of a split
+    ref_file: Optional[str] = None  # its reference translations, line by line
     # Score only the pairs with more than this many tokens on a side (in the model's own tokens). With the
     # data.max_len a model was trained with, that is the sentences longer than any it saw: its extrapolation.
     longer_than: Optional[int] = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     attention: AttentionDumpConfig = field(default_factory=AttentionDumpConfig)
-    output_dir: str = "outputs/evaluate"
+    output_dir: str = "outputs/evaluate"  # where hypotheses.txt, metrics.json and attention maps go
     overwrite: bool = False  # write into a folder that already holds a run's or an evaluation's results
-    device: str = "auto"
+    device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
         _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble)
@@ -78,15 +78,15 @@ class EvaluateConfig:
 class TranslateConfig:
     """``transformer-translate``: translate lines from stdin or a file, one line out per line in."""
 
-    run_dir: Optional[str] = None
-    checkpoint: Optional[str] = None
+    run_dir: Optional[str] = None  # a training run directory (its final.pt, else best.pt, else last.pt)
+    checkpoint: Optional[str] = None  # or a checkpoint file
     export_dir: Optional[str] = None  # or a CTranslate2 export (transformer-export), decoded by CTranslate2
     ensemble: list[str] = field(default_factory=list)  # more models to decode with it (see EvaluateConfig)
     input: Optional[str] = None  # default: stdin
     output: Optional[str] = None  # default: stdout
     overwrite: bool = False  # replace an existing output file
     eval: EvalConfig = field(default_factory=EvalConfig)
-    device: str = "auto"
+    device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
         _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble)
@@ -113,18 +113,18 @@ class ExportConfig:
 class ServeConfig:
     """``transformer-serve``: a REST API and the attention explorer for one model (transformer/app/server.py)."""
 
-    run_dir: Optional[str] = None  # a training run directory (its best checkpoint is used)
+    run_dir: Optional[str] = None  # a training run directory (its final.pt, else best.pt, else last.pt)
     checkpoint: Optional[str] = None  # or a checkpoint file
     export_dir: Optional[str] = None  # or a CTranslate2 export; /attention then needs its source checkpoint
     host: str = "127.0.0.1"  # loopback: other machines reach the server only when told, e.g. host=0.0.0.0
-    port: int = 8000
+    port: int = 8000  # 0: any free port
     eval: EvalConfig = field(default_factory=EvalConfig)  # a request may change beam_size and n_best
     batching: bool = True  # decode requests with equal settings together; false: each alone, as it arrives
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for others
     batch_tokens: int = 4096  # source tokens decoded together at most (a batch grows until this)
     max_sentences: int = 64  # per request
     max_request_tokens: int = 2048  # source tokens per request
-    device: str = "auto"
+    device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
         _check_one_model(self.run_dir, self.checkpoint, self.export_dir, [])
@@ -147,7 +147,7 @@ class DiversifyConfig:
     backward: list[str] = field(default_factory=list)
     out_dir: Optional[str] = None  # a new folder (existing split files there are never overwritten)
     eval: EvalConfig = field(default_factory=EvalConfig)  # the search that translates
-    device: str = "auto"
+    device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
         check(len(self.forward) > 0, "forward", "give the forward models, e.g. forward=[outputs/train/<run>]")
@@ -173,12 +173,12 @@ class BenchmarkConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    output_dir: str = "outputs/benchmark"
-    device: str = "auto"
+    output_dir: str = "outputs/benchmark"  # where the report goes
+    device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
     train_steps: int = 20  # timed optimizer steps
     untimed_steps: int = 3  # warm-up steps before timing
     decode_sentences: Optional[int] = None  # None: the whole test set
-    matmul_size: int = 2048
+    matmul_size: int = 2048  # the square matmul that measures the machine's peak
     checkpoint: Optional[str] = None  # decode with a trained model (else a randomly initialised one)
     profile_steps: int = 0  # > 0: profile that many more training steps into profile.txt
 

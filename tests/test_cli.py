@@ -225,3 +225,17 @@ def test_evaluate_and_translate_do_not_replace_results_unless_told(tmp_path: Pat
     with pytest.raises(ConfigError, match=r"output: .*out.txt exists; choose a new file, or overwrite=true"):
         pipeline.translate(TranslateConfig(run_dir="nowhere", output=str(tmp_path / "out.txt")))
     assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
+
+
+def test_a_full_disk_ends_the_command_in_one_line_naming_enospc(compose_config, caplog) -> None:
+    import errno
+
+    def command(cfg: TrainConfig) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", "data/cache/corpus/x/src_tokens.npy")
+
+    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
+        cli._run(command, compose_config("train", RUN))
+    assert exit_info.value.code == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "no space left on device (ENOSPC) while writing data/cache/corpus/x/src_tokens.npy; free space and run the "
+        "command again"]

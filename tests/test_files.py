@@ -33,7 +33,7 @@ def test_a_failed_rename_leaves_no_temporary(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("transformer.files.os.replace", full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match=r"no space left on device \(ENOSPC\) while writing .*metrics.json"):
         files.write_json(tmp_path / "metrics.json", {"bleu": 1.0})
     assert list(tmp_path.iterdir()) == []
 
@@ -70,3 +70,41 @@ def test_a_written_file_gets_the_mode_open_would_give(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "meta.json").stat().st_mode) == 0o644
+
+
+def test_a_full_disk_names_enospc_and_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    import errno
+
+    from transformer.files import DiskFullError
+
+    target = tmp_path / "last.pt"
+    files.write_text(target, "the previous checkpoint")
+
+    def write_until_full(handle):
+        handle.write("half of it")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskFullError) as caught:
+        with files.atomic_write(target, "w") as handle:
+            write_until_full(handle)
+    assert str(caught.value) == (f"no space left on device (ENOSPC) while writing {target}; last.pt keeps its earlier "
+                                 f"content; free space on {tmp_path} and run the command again")
+    assert target.read_text() == "the previous checkpoint" and sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_torch_saves_failure_on_a_full_file_system_is_a_disk_full_error(tmp_path, monkeypatch):
+    """torch.save reports ENOSPC as a RuntimeError; with no space left on the file system it is a full disk."""
+    from collections import namedtuple
+
+    from transformer.files import DiskFullError
+
+    stats = namedtuple("stats", "f_bavail f_frsize")
+    monkeypatch.setattr(files.os, "statvfs", lambda path: stats(0, 4096))
+    with pytest.raises(DiskFullError, match=r"ENOSPC\) while writing .*new\.pt; new\.pt was not written"):
+        with files.atomic_write(tmp_path / "new.pt") as handle:
+            handle.write(b"PK")
+            raise RuntimeError("[enforce fail at inline_container.cc] PytorchStreamWriter failed writing file")
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="an ordinary failure"):  # with space left, an error stays what it was
+        with files.atomic_write(tmp_path / "new.pt") as handle:
+            raise RuntimeError("an ordinary failure")

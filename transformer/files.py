@@ -7,6 +7,7 @@ old file or the new one, never a torn one, and no temporary file is left behind 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -54,7 +55,10 @@ def atomic_write(path: str | Path, mode: str = "wb", *, suffix: str = ".tmp",
     On an exception the temporary file is removed and ``path`` is left as it was.
     """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    except OSError as error:
+        raise _disk_full(path, error) or error
     if "b" not in mode and encoding is None:
         encoding = "utf-8"
     try:
@@ -64,10 +68,42 @@ def atomic_write(path: str | Path, mode: str = "wb", *, suffix: str = ".tmp",
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as error:
+        full = _disk_full(path, error)  # before the partial file is removed, which frees its space
         Path(tmp_name).unlink(missing_ok=True)
+        if full is not None:
+            raise full from error
         raise
     fsync_directory(path.parent)
+
+
+class DiskFullError(OSError):
+    """A write ran out of space; the file written keeps its earlier content (if any). The message names the file."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(path: Path, error: BaseException) -> DiskFullError | None:
+    """A :class:`DiskFullError` for ``error`` when it came from a full disk, else None. torch.save reports one as a
+    RuntimeError ("file write failed"), so a failed write on a file system with no space left counts too."""
+    if isinstance(error, DiskFullError):
+        return error
+    full = isinstance(error, OSError) and error.errno in _FULL
+    if not full and isinstance(error, (OSError, RuntimeError)):
+        try:
+            stats = os.statvfs(path.parent)
+            full = stats.f_bavail * stats.f_frsize < 1 << 20
+        except OSError:
+            full = False
+    if not full:
+        return None
+    before = "keeps its earlier content" if path.exists() else "was not written"
+    return DiskFullError(errno.ENOSPC, f"no space left on device (ENOSPC) while writing {path}; {path.name} {before}; "
+                                       f"free space on {path.parent} and run the command again")
 
 
 def _new_file_mode() -> int:

@@ -7,6 +7,7 @@ install, or ``PYTHONPATH``), else the copy of it that a wheel installs inside th
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import sys
@@ -43,11 +44,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from transformer.config import ConfigError
     from transformer.data.corpus import DataError
     from transformer.data.tokenizer import TokenizerError
+    from transformer.files import DiskFullError
     from transformer.training.glove import GloveError
     from transformer.training.step_window import TrainingDiverged
 
     return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError,
-            HydraException, OmegaConfBaseException)
+            DiskFullError, HydraException, OmegaConfBaseException)
 
 
 def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) -> Any:
@@ -59,6 +61,12 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) 
         return command(cfg)
     except _user_errors() as error:
         log.error("%s", error)  # to the console and, for runs with a directory, to its log file
+        sys.exit(1)
+    except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say)
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        log.error("no space left on device (ENOSPC) while writing %s; free space and run the command again",
+                  error.filename or "a file")
         sys.exit(1)
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
         log.error("%s", interrupt or "interrupted")

@@ -239,3 +239,25 @@ def test_a_full_disk_ends_the_command_in_one_line_naming_enospc(compose_config, 
     assert [r.getMessage() for r in caplog.records] == [
         "no space left on device (ENOSPC) while writing data/cache/corpus/x/src_tokens.npy; free space and run the "
         "command again"]
+
+
+def test_resume_auto_starts_a_run_then_continues_it(toy_corpus: Path, tmp_path: Path) -> None:
+    """What torchrun --max-restarts needs: the same command line starts the run, and after a crash continues it."""
+    run = tmp_path / "run"
+
+    def train(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "transformer", "train", "data=toy_copy", "model=tiny",
+                               f"data.dir={toy_corpus}", "data.cache_dir=cache", "training.progress_bar=false",
+                               "training.validate_every_steps=10", "training.average_last=0", "eval=greedy",
+                               "device=cpu", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    first = train("training.max_steps=10", "resume=auto", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "resume=auto: no checkpoint in" in first.stdout + first.stderr
+    second = train("training.max_steps=20", "resume=auto", f"hydra.run.dir={run}")
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"resume=auto: continuing {run / 'checkpoints' / 'last.pt'}" in second.stdout + second.stderr
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 20
+    nameless = train("training.max_steps=10", "resume=auto")
+    assert nameless.returncode == 1
+    assert "resume: auto continues the run in hydra.run.dir" in nameless.stdout + nameless.stderr

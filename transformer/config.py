@@ -397,7 +397,7 @@ class TrainConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output_dir: str = "outputs/train"  # train.yaml sets it to Hydra's run directory
-    resume: Optional[str] = None  # a run directory or a checkpoint file to continue from
+    resume: Optional[str] = None  # a run directory or a checkpoint file to continue from; auto: hydra.run.dir's
     device: str = "auto"  # auto | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:

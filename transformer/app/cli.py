@@ -73,6 +73,23 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) 
         sys.exit(130)
 
 
+def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:
+    """``resume=auto``: the run in ``hydra.run.dir`` when it has a ``last.pt``, else None (a new run there). What
+    ``torchrun --max-restarts`` needs: it restarts the same command line."""
+    from transformer.checkpoint import RunDir
+    from transformer.config import ConfigError
+
+    if not any(o.split("=", 1)[0] == "hydra.run.dir" for o in hydra_cfg.overrides.hydra):
+        raise ConfigError("resume: auto continues the run in hydra.run.dir; name that folder (hydra.run.dir=DIR), "
+                          "else each start makes a new one")
+    run = RunDir(Path(hydra_cfg.runtime.output_dir))
+    if run.last.is_file():
+        log.info("resume=auto: continuing %s", run.last)
+        return str(run.root)
+    log.info("resume=auto: no checkpoint in %s yet; starting the run", run.root)
+    return None
+
+
 def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:
     """Command-line overrides ``earlier``, then ``now``; where both set the same key or group (in the same
     package), ``now``'s alone. Hydra's own settings and ``resume`` are left out of both: not part of a recipe."""
@@ -95,6 +112,8 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     from transformer.training.resume import saved_recipe
 
     now = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed: ${...} kept
+    if cfg.resume == "auto":
+        cfg.resume = _resume_auto(cfg, HydraConfig.get())
     if cfg.resume is None:
         return cfg, merge_overrides([], now)
     earlier = saved_recipe(cfg.resume)
@@ -103,7 +122,7 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
         return cfg, merge_overrides([], now)
     recipe = merge_overrides(earlier, now)
     log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
-    resume = [o for o in now if o.split("=", 1)[0].lstrip("+") == "resume"]
+    resume = [f"resume='{cfg.resume}'" if "'" not in cfg.resume else f'resume="{cfg.resume}"']  # auto: resolved
     return hydra.compose(config_name="train", overrides=recipe + resume), recipe
 
 

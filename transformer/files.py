@@ -8,10 +8,12 @@ old file or the new one, never a torn one, and no temporary file is left behind 
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,7 +66,7 @@ def atomic_write(path: str | Path, mode: str = "wb", *, suffix: str = ".tmp",
     try:
         os.fchmod(fd, _new_file_mode())  # mkstemp's file is private; the file it becomes is not (a shared cache)
         with os.fdopen(fd, mode, encoding=encoding) as handle:
-            yield handle
+            yield dying_at_fault_point(handle, path)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
@@ -148,3 +150,48 @@ def sha256(path: str | Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# A kill in the middle of a write (fault tests)
+# --------------------------------------------------------------------------------------------------
+
+FAULT_ENV = "TRANSFORMER_KILL_AT"  # "NAME_PATTERN:BYTES", e.g. "step_*.pt:4096"; unset in normal use
+
+
+class _DyingWriter:
+    """A file handle that kills its process (SIGKILL, as an OOM killer or ``kill -9`` would) once ``limit`` bytes
+    (characters, for text) went through it: what a crash in the middle of that write leaves behind."""
+
+    def __init__(self, handle: IO[Any], limit: int) -> None:
+        self._handle, self._limit, self._written = handle, limit, 0
+
+    def write(self, data: Any) -> int:
+        size = len(data) if isinstance(data, str) else memoryview(data).nbytes
+        if self._written + size >= self._limit:
+            part = data[: self._limit - self._written] if isinstance(data, str) else \
+                memoryview(data).cast("B")[: self._limit - self._written]
+            self._handle.write(part)
+            self._handle.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._written += size
+        return self._handle.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    def __enter__(self) -> _DyingWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._handle.close()
+
+
+def dying_at_fault_point(handle: IO[Any], path: str | Path) -> Any:
+    """``handle``, or, when ``TRANSFORMER_KILL_AT`` names this file, one that kills the process in the middle of
+    writing it. Every writer of lasting files passes its handle through here, so the fault tests can crash each."""
+    point = os.environ.get(FAULT_ENV)
+    if not point:
+        return handle
+    pattern, _, limit = point.rpartition(":")
+    return _DyingWriter(handle, int(limit)) if fnmatch.fnmatch(Path(path).name, pattern) else handle

@@ -18,6 +18,7 @@ import numpy as np
 
 from transformer.data.corpus import DataError, normalize_space
 from transformer.data.tokenizer import Tokenizer, WordTokenizer, tokenizer_from_state
+from transformer.files import dying_at_fault_point
 
 
 @dataclass
@@ -94,7 +95,7 @@ class NpyWriter:
 
     def __init__(self, path: Path, dtype: np.dtype) -> None:
         self.path, self.dtype, self.length = path, np.dtype(dtype), 0
-        self._file = open(path, "wb")
+        self._file = dying_at_fault_point(open(path, "wb"), path)
         self._header_size = self._file.write(self._header(0))
 
     def _header(self, length: int) -> bytes:

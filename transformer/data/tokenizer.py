@@ -31,6 +31,7 @@ import sentencepiece as spm
 import torch
 
 from transformer.config import TokenizerConfig, TokenizerKind
+from transformer.files import dying_at_fault_point
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD_PIECE, UNK_PIECE, BOS_PIECE, EOS_PIECE = "<pad>", "<unk>", "<s>", "</s>"
@@ -330,9 +331,11 @@ def save_tokenizers(folder: Path, src_tok: Tokenizer, tgt_tok: Tokenizer) -> lis
         path = _tokenizer_file(folder, role, tok)
         state = tok.state_dict()
         if isinstance(tok, SentencePieceTokenizer):
-            path.write_bytes(state["model_proto"].numpy().tobytes())
+            data = state["model_proto"].numpy().tobytes()
         else:
-            path.write_text(json.dumps({"pieces": state["pieces"], "lowercase": state["lowercase"]}), encoding="utf-8")
+            data = json.dumps({"pieces": state["pieces"], "lowercase": state["lowercase"]}).encode("utf-8")
+        with dying_at_fault_point(open(path, "wb"), path) as handle:
+            handle.write(data)
         written.append(path)
     return written
 

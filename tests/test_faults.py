@@ -1,0 +1,106 @@
+"""A kill in the middle of each kind of write (``TRANSFORMER_KILL_AT``, see ``transformer.files``): afterwards the
+next command uses nothing half-written, and a resumed run ends with the weights of an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer.checkpoint import load_checkpoint
+from transformer.files import FAULT_ENV
+
+pytestmark = pytest.mark.slow
+
+TOY = ["data=toy_copy", "model=tiny", "eval=greedy", "device=cpu", "training.progress_bar=false",
+       "training.average_last=0", "training.max_tokens=512", "training.lr=3e-3", "training.warmup_steps=5",
+       "model.dropout=0.0"]
+
+
+def command(cwd: Path, *args: str, kill_at: str | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    if kill_at is not None:
+        env[FAULT_ENV] = kill_at
+    return subprocess.run([sys.executable, "-m", "transformer", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300, input=input)
+
+
+def ok(done: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+def killed(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def train(cwd: Path, corpus: Path, run: str, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    return command(cwd, "train", *TOY, f"data.dir={corpus}", "data.cache_dir=cache", f"hydra.run.dir={run}", *args,
+                   kill_at=kill_at)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model"]
+
+
+def test_a_kill_while_a_checkpoint_is_written_then_resume_gives_the_uninterrupted_weights(toy_corpus, tmp_path):
+    steps = ["training.max_steps=15", "training.validate_every_steps=5"]
+    ok(train(tmp_path, toy_corpus, "straight", *steps))
+    killed(train(tmp_path, toy_corpus, "run", *steps, "resume=auto", kill_at="step_10.pt:3000"))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert load_checkpoint(checkpoints / "last.pt")["step"] == 5  # the checkpoint before stays whole
+    assert not (checkpoints / "step_10.pt").exists()
+    ok(train(tmp_path, toy_corpus, "run", *steps, "resume=auto"))  # the same command line, run again
+    resumed, straight = weights(checkpoints / "last.pt"), weights(tmp_path / "straight" / "checkpoints" / "last.pt")
+    assert load_checkpoint(checkpoints / "last.pt")["step"] == 15
+    assert resumed.keys() == straight.keys() and all(torch.equal(resumed[k], straight[k]) for k in straight)
+
+
+@pytest.mark.parametrize("kill_at", ["src_tokens.npy:100", "tgt_offsets.npy:10", "*.json:20"],
+                         ids=["token array", "offsets array", "tokenizer file"])
+def test_a_kill_while_the_data_cache_is_written_leaves_nothing_the_next_run_uses(toy_corpus, tmp_path, kill_at):
+    killed(train(tmp_path, toy_corpus, "first", "training.max_steps=2", kill_at=kill_at))
+    assert not list((tmp_path / "cache" / "corpus").glob("*/meta.json"))  # no encoded corpus was published
+    ok(train(tmp_path, toy_corpus, "second", "training.max_steps=2"))
+    (tmp_path / "clean").mkdir()
+    ok(train(tmp_path / "clean", toy_corpus, "run", "training.max_steps=2"))
+    built, clean = ({folder.parent.name + "/" + folder.name: json.loads((folder / "meta.json").read_text())["sha256"]
+                     for folder in (root / "cache").glob("*/*") if (folder / "meta.json").is_file()}
+                    for root in (tmp_path, tmp_path / "clean"))
+    assert built == clean  # the same files, byte for byte, as a cache built without the kill
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    from conftest import write_toy_corpus
+
+    folder = tmp_path_factory.mktemp("faults")
+    corpus = write_toy_corpus(folder / "toy")
+    ok(train(folder, corpus, "run", "training.max_steps=10", "training.validate_every_steps=5"))
+    return folder
+
+
+def test_a_kill_while_translations_are_written_keeps_the_earlier_file(trained):
+    (trained / "in.txt").write_text("a b c\nd e\n")
+    (trained / "out.txt").write_text("earlier translations\n")
+    args = ["translate", "run_dir=run", "input=in.txt", "output=out.txt", "overwrite=true", "eval=greedy"]
+    killed(command(trained, *args, kill_at="out.txt:4"))
+    assert (trained / "out.txt").read_text() == "earlier translations\n"
+    ok(command(trained, *args))
+    assert len((trained / "out.txt").read_text().splitlines()) == 2
+
+
+def test_a_kill_while_an_average_is_written_leaves_no_averaged_checkpoint(trained):
+    steps = sorted(str(p) for p in (trained / "run" / "checkpoints").glob("step_*.pt"))
+    assert len(steps) == 2
+    killed(command(trained, "average", "avg.pt", *steps, kill_at="avg.pt:2000"))
+    assert not (trained / "avg.pt").exists()
+    ok(command(trained, "average", "avg.pt", *steps))
+    averaged, first, second = (weights(Path(p)) for p in (trained / "avg.pt", *steps))
+    assert all(torch.allclose(averaged[k], (first[k] + second[k]) / 2) for k in first if first[k].is_floating_point())

@@ -131,6 +131,7 @@ BAD = [
     (json.dumps({"text": ["a"] * 65}).encode(), 413, "text", "text: 65 sentences; a request takes at most 64"),
     (json.dumps({"text": ["a b " * 30] * 40}).encode(), 413, "text",
      "text: 2400 source tokens; a request takes at most 2048"),
+    (json.dumps({"text": "a" * (1 << 20)}).encode(), 413, "body", r"body: \d+ bytes; a request takes at most 1048576"),
 ]
 
 
@@ -170,6 +171,11 @@ def test_attention_is_the_models_own_for_every_kind(served, run_dir):
         np.testing.assert_allclose(np.asarray(answer[key]), weights, atol=1e-6)
     given = httpx.post(f"{url}/attention", json={"source": source, "target": "a a"}).json()
     assert given["target_pieces"] == ["a", "a", "</s>"]
+    long_pair = {"source": " ".join(["a", "b"] * 70), "target": " ".join(["c"] * 130)}
+    cut = httpx.post(f"{url}/attention", json=long_pair).json()  # max_attention_tokens: 128 by default
+    assert cut["warnings"] == ["source: 140 tokens, cut to 63 for the maps (max_attention_tokens)",
+                               "target: 130 tokens, cut to 63 for the maps (max_attention_tokens)"]
+    assert len(cut["source_pieces"]) == 63 and np.asarray(cut["cross"]).shape == (2, 2, 64, 63)
     refused = httpx.post(f"{url}/attention", json={"source": " ", "target": "a"})
     assert refused.status_code == 422 and refused.json()["field"] == "source"
 
@@ -211,7 +217,8 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
     with server.serving_in_background(app) as url:
         assert httpx.post(f"{url}/translate", json={"text": lines[0]}).status_code == 200
         refused = httpx.post(f"{url}/attention", json={"source": lines[0]})
-        assert refused.status_code == 409 and "the export's source checkpoint" in refused.json()["error"]
+        assert refused.status_code == 503 and refused.json()["field"] == "attention"
+        assert "the export's source checkpoint" in refused.json()["error"]
 
 
 def test_the_command_serves_until_interrupted(run_dir, tmp_path):

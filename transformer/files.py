@@ -95,7 +95,8 @@ def _disk_full(path: Path, error: BaseException) -> DiskFullError | None:
     if isinstance(error, DiskFullError):
         return error
     full = isinstance(error, OSError) and error.errno in _FULL
-    if not full and isinstance(error, (OSError, RuntimeError)):
+    failed_write = isinstance(error, OSError) or (isinstance(error, RuntimeError) and "writ" in str(error))
+    if not full and failed_write:
         try:
             stats = os.statvfs(path.parent)
             full = stats.f_bavail * stats.f_frsize < 1 << 20

@@ -60,11 +60,14 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) 
             refuse_unknown_keys(cfg)
         return command(cfg)
     except _user_errors() as error:
+        if isinstance(error, OSError):  # a full disk: the run's log file may be on it, so its handler fails quietly
+            logging.raiseExceptions = False
         log.error("%s", error)  # to the console and, for runs with a directory, to its log file
         sys.exit(1)
     except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
+        logging.raiseExceptions = False  # the run's log file may be on the full disk: its handler fails quietly
         log.error("no space left on device (ENOSPC) while writing %s; free space and run the command again",
                   error.filename or "a file")
         sys.exit(1)
@@ -74,20 +77,30 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) 
 
 
 def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:
-    """``resume=auto``: the run in ``hydra.run.dir`` when it has a ``last.pt``, else None (a new run there). What
-    ``torchrun --max-restarts`` needs: it restarts the same command line."""
-    from transformer.checkpoint import RunDir
+    """``resume=auto``: the run in ``hydra.run.dir`` when it has a checkpoint (``last.pt``, else its newest
+    ``step_N.pt``), else None (a new run there). What ``torchrun --max-restarts`` needs: it restarts the same
+    command line."""
+    from transformer.checkpoint import STEP_FILE, RunDir
     from transformer.config import ConfigError
 
-    if not any(o.split("=", 1)[0] == "hydra.run.dir" for o in hydra_cfg.overrides.hydra):
+    if "hydra.run.dir" not in _given(list(hydra_cfg.overrides.hydra)):
         raise ConfigError("resume: auto continues the run in hydra.run.dir; name that folder (hydra.run.dir=DIR), "
                           "else each start makes a new one")
     run = RunDir(Path(hydra_cfg.runtime.output_dir))
-    if run.last.is_file():
-        log.info("resume=auto: continuing %s", run.last)
-        return str(run.root)
+    steps = sorted((int(m.group(1)), p) for p in run.checkpoints.glob("step_*.pt") if (m := STEP_FILE.match(p.name)))
+    if run.last.is_file() or steps:
+        target = run.root if run.last.is_file() else steps[-1][1]
+        log.info("resume=auto: continuing %s", run.last if run.last.is_file() else target)
+        return str(target)
     log.info("resume=auto: no checkpoint in %s yet; starting the run", run.root)
     return None
+
+
+def _given(overrides: list[str]) -> dict[str, Any]:
+    """``{key: value}`` of command-line overrides as Hydra parses them (quotes, ``+``/``++``, ``null``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(overrides)}
 
 
 def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:
@@ -204,19 +217,25 @@ def _setup() -> None:
 def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     """Before Hydra writes anything (``.hydra/``, the log) into ``hydra.run.dir``: refuse a folder holding another
     run's work, so a refused command leaves it byte for byte as it was. ``train`` refuses a folder with
-    checkpoints unless it resumes; ``evaluate`` one with results unless ``overwrite=true``."""
-    if "-m" in argv or "--multirun" in argv:
-        return  # sweeps write into folders of their own
-    values = dict(arg.lstrip("+").split("=", 1) for arg in argv if "=" in arg)
-    run_dir = values.get("hydra.run.dir")
-    if run_dir is None:
+    checkpoints unless it resumes that very run; ``evaluate`` one with results unless ``overwrite=true``."""
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    try:
+        given = _given(overrides)
+    except Exception:  # Hydra itself reports a malformed override, with its own message
         return
-    folder = Path(run_dir)
-    if command == "train" and "resume" not in values and any((folder / "checkpoints").glob("*.pt")):
+    if "-m" in argv or "--multirun" in argv or str(given.get("hydra.mode", "")).upper() == "MULTIRUN":
+        return  # sweeps write into folders of their own
+    if given.get("hydra.run.dir") is None:
+        return
+    folder = Path(str(given["hydra.run.dir"]))
+    resume = given.get("resume")
+    resumes_it = resume == "auto" or (resume is not None and folder.resolve() in
+                                      (Path(str(resume)).resolve(), *Path(str(resume)).resolve().parents))
+    if command == "train" and not resumes_it and any((folder / "checkpoints").glob("*.pt")):
         sys.exit(f"hydra.run.dir: {folder} already holds a run's checkpoints, which a new run would overwrite; "
                  f"continue it with resume={folder}, or train into another directory")
     taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints", ".hydra") if (folder / name).exists()]
-    if command == "evaluate" and taken and values.get("overwrite", "false").lower() != "true":
+    if command == "evaluate" and taken and given.get("overwrite") is not True:
         sys.exit(f"hydra.run.dir: {folder} already holds {', '.join(taken)} (a training run's or an earlier "
                  "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
 

@@ -308,6 +308,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     if cfg.src_file is not None:
         src, refs = read_parallel(cfg.src_file, cfg.ref_file)
         name = Path(cfg.src_file).name
+    elif data is None:
+        raise ConfigError(f"export_dir: {cfg.export_dir} records no corpus (an export from before version 0.9): "
+                          "give the files to score, src_file=... ref_file=...")
     else:
         split = cfg.split or data.test_split
         src, refs = load_split(data, split)
@@ -317,7 +320,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
     if trained is None:
         hypotheses = [nbest[0] for nbest in translator.translate(src)]
-        scores = corpus_scores(hypotheses, refs, tokenized_lang=data.tgt if cfg.eval.report_tokenized_bleu else None)
+        target_lang = translator.languages[1]
+        scores = corpus_scores(hypotheses, refs, tokenized_lang=target_lang if cfg.eval.report_tokenized_bleu else None)
     else:
         scores, hypotheses = score_texts(trained.model, src, refs, src_tok, tgt_tok, cfg.eval, device, data.tgt)
     out.mkdir(parents=True, exist_ok=True)

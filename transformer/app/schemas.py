@@ -124,13 +124,14 @@ class ServeConfig:
     batch_tokens: int = 4096  # source tokens decoded together at most (a batch grows until this)
     max_sentences: int = 64  # per request
     max_request_tokens: int = 2048  # source tokens per request
+    max_attention_tokens: int = 128  # /attention cuts source and target to this many tokens (and says so)
     device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
         _check_one_model(self.run_dir, self.checkpoint, self.export_dir, [])
         check(0 <= self.port <= 65535, "port", f"must be in 0..65535, got {self.port}")
         check(self.max_wait_ms >= 0, "max_wait_ms", f"must be >= 0, got {self.max_wait_ms}")
-        for key in ("batch_tokens", "max_sentences", "max_request_tokens"):
+        for key in ("batch_tokens", "max_sentences", "max_request_tokens", "max_attention_tokens"):
             check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
 
 

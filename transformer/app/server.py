@@ -53,6 +53,7 @@ from transformer.runtime import choose_device
 log = logging.getLogger(__name__)
 
 MAX_BEAM = 64  # a request's beam_size at most
+MAX_BODY_BYTES = 1 << 20  # a request body at most (its sentences are limited again, in tokens)
 
 
 class RequestError(Exception):
@@ -140,9 +141,15 @@ class Batcher:
                     break  # the batch is full
         return batch
 
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     async def _loop(self) -> None:
         while True:
-            batch = await self._next_batch()
+            batch = [job for job in await self._next_batch() if not job.future.done()]  # done: the client left
+            if not batch:
+                continue
             sentences = [sentence for job in batch for sentence in job.sentences]
             self.batch_sizes.append(len(batch))
             try:
@@ -163,6 +170,19 @@ class Batcher:
 # --------------------------------------------------------------------------------------------------
 # Requests
 # --------------------------------------------------------------------------------------------------
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes before more of it is read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, "body", f"{declared} bytes; a request takes at most {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, "body", f"more than {limit} bytes; a request takes at most {limit}")
+    return bytes(body)
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -268,7 +288,7 @@ def load_served_model(cfg: ServeConfig) -> Model:
         elif source.is_file():
             missing = f"attention maps need the export's source checkpoint, but {source} changed since the export"
     info = {
-        "source_language": translator.data.src, "target_language": translator.data.tgt,
+        "source_language": translator.languages[0], "target_language": translator.languages[1],
         "backend": translator.backend, "checkpoint": str(translator.source), "checkpoint_sha256": sha,
         "model": model_config,
         "vocabulary": {"source": translator.src_tok.vocab_size, "target": translator.tgt_tok.vocab_size},
@@ -316,7 +336,7 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_BEAM},
         "n_best": {"type": "integer", "minimum": 1}}, ["text"]))
     async def translate(request: Request) -> dict[str, Any]:
-        body = parse_body(await request.body())
+        body = parse_body(await read_body(request))
         _only(body, ("text", "beam_size", "n_best"))
         sentences = parse_sentences(body)
         beam_size = _int_field(body, "beam_size", 1, MAX_BEAM) or translator.eval.beam_size
@@ -337,26 +357,40 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
     @app.post("/attention", openapi_extra=_body_schema(
         {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]))
     async def attention(request: Request) -> dict[str, Any]:
-        body = parse_body(await request.body())
+        body = parse_body(await read_body(request))
         _only(body, ("source", "target"))
         source, target = _text_field(body, "source"), _text_field(body, "target", required=False)
         if not source.strip():
             raise RequestError(422, "source", "is empty: there is nothing to attend to")
         if model.attention is None:
-            raise RequestError(409, "source", model.attention_missing)
-        limit = translator.max_positions - 1  # the decoder reads BOS and the target: both fit the position limit
-        _, warnings = lengths([source], ["source"], limit)
+            raise RequestError(503, "attention", model.attention_missing)
+        # The decoder reads BOS and the target, so both fit the position limit; the maps are cut shorter still.
+        limit = min(translator.max_positions - 1, cfg.max_attention_tokens)
+        tokens, _ = lengths([source], ["source"], translator.max_positions)
+        if tokens > cfg.max_request_tokens:
+            raise RequestError(413, "source", f"{tokens} tokens; a request takes at most {cfg.max_request_tokens}")
         if target is None:
-            target = (await batcher.translate([source], translator.eval.beam_size, 1, 0))[0][0].text
-        elif len(translator.tgt_tok.encode(target)) > limit:
-            warnings.append(f"target: {len(translator.tgt_tok.encode(target))} tokens, cut to the model's limit of "
-                            f"{limit}")
-        maps = await batcher.run(pair_attention_maps, model.attention, source, target, limit)
-        return attention_json(maps, warnings)
+            target = (await batcher.translate([source], translator.eval.beam_size, 1, tokens))[0][0].text
+        warnings = [f"{name}: {n} tokens, cut to {limit} for the maps (max_attention_tokens)" for name, n in
+                    (("source", len(translator.src_tok.encode(source))), ("target", len(translator.tgt_tok.encode(target))))
+                    if n > limit]
+
+        def maps() -> dict[str, Any]:
+            return attention_json(pair_attention_maps(model.attention, source, target, limit), warnings)
+
+        return await batcher.run(maps)  # on the decoding thread: the model's, and the JSON is large
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse({"error": f"the server failed: {type(error).__name__}: {error}", "field": None},
+                            status_code=500)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if not batcher.running:
+            return JSONResponse({"status": "the decoder stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/info")
     async def info() -> dict[str, Any]:

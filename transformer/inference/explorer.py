@@ -55,7 +55,10 @@ def live_page(title: str = "Translate and explore attention") -> str:
 def standalone_page(entries: Sequence[dict[str, Any]], title: str = "Attention explorer", info: str = "") -> str:
     """One HTML file holding the explorer, its style and the maps of ``entries`` (each ``source``, ``target``
     and ``maps``, the latter from :func:`attention_json`)."""
-    data = json.dumps(list(entries), ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside
+    # No "<", ">" or "&" in the data block: a sentence holding "<!--<script>" could otherwise keep the browser from
+    # seeing where the block ends. JSON reads the escapes back as the characters.
+    data = json.dumps(list(entries), ensure_ascii=False)
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     style = (ASSETS / "explorer.css").read_text(encoding="utf-8")
     script = (ASSETS / "explorer.js").read_text(encoding="utf-8").replace("</", "<\\/")
     return _page(title, info, f"<style>\n{style}</style>", f"<script>\n{script}</script>",

@@ -172,8 +172,8 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
         tokenizers = {side: _save_tokenizer(tok, tmp, side) for side, tok in
                       (("source", trained.src_tok), ("target", trained.tgt_tok))}
         files.write_json(tmp / EXPORT_FILE, {
-            "format": 1,
-            "source_checkpoint": {"path": str(trained.path), "sha256": files.sha256(trained.path)},
+            "format": 2,  # 2: the whole data config (1: its languages only)
+            "source_checkpoint": {"path": str(trained.path.resolve()), "sha256": files.sha256(trained.path)},
             "model": to_plain_dict(trained.config.model),
             "data": to_plain_dict(trained.config.data),  # the languages, and the corpus to evaluate on
             "source_tokenizer": tokenizers["source"], "target_tokenizer": tokenizers["target"],

@@ -53,11 +53,12 @@ class Translator:
     """A trained model with its tokenizers and search settings (build it with :meth:`load`)."""
 
     def __init__(self, backend: str, src_tok: Tokenizer, tgt_tok: Tokenizer, eval_cfg: EvalConfig,
-                 max_positions: int, data: DataConfig, source: Path, *, trained: TrainedModel | None = None,
-                 ct2: Any = None, device: str = "cpu") -> None:
+                 max_positions: int, data: DataConfig | None, languages: tuple[str, str], source: Path, *,
+                 trained: TrainedModel | None = None, ct2: Any = None, device: str = "cpu") -> None:
         self.backend, self.src_tok, self.tgt_tok, self.eval = backend, src_tok, tgt_tok, eval_cfg
         self.max_positions, self.device = max_positions, device
-        self.data = data  # the corpus and languages the model was trained on
+        self.data = data  # the corpus the model was trained on (None: an export that does not record it)
+        self.languages = languages  # (source, target)
         self.source = source  # the checkpoint file, or the export directory
         self._trained, self._ct2 = trained, ct2
         self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
@@ -89,8 +90,9 @@ class Translator:
             return cls._load_export(path, device, eval_cfg, threads)
         trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [],
                              torch.device(device))
+        data = trained.config.data
         return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(), trained.model.max_positions,
-                   trained.config.data, trained.path, trained=trained, device=device)
+                   data, (data.src, data.tgt), trained.path, trained=trained, device=device)
 
     @classmethod
     def _load_export(cls, path: Path, device: str, eval_cfg: EvalConfig | None, threads: int) -> Translator:
@@ -104,9 +106,11 @@ class Translator:
                 decoding["length_norm"] = LengthNorm(decoding["length_norm"])
             eval_cfg = EvalConfig(**decoding)
         ct2 = ctranslate2.Translator(str(path), device=device, intra_threads=threads)
-        data = from_plain_dict(DataConfig, info["data"])
-        return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), data, path,
-                   ct2=ct2, device=device)
+        # An export of format 1 records only the languages: no corpus to evaluate on.
+        data = from_plain_dict(DataConfig, info["data"]) if "corpus" in info["data"] else None
+        languages = (info["data"]["src"], info["data"]["tgt"])
+        return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), data, languages,
+                   path, ct2=ct2, device=device)
 
     def translate(self, sentences: list[str], beam_size: int | None = None,
                   n_best: int | None = None) -> list[list[str]]:

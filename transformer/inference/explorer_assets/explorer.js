@@ -68,13 +68,14 @@ function renderExplorer(container, maps, state = { kind: "cross", layer: 0, head
 
   const { rows, cols } = KINDS[state.kind];
   const weights = headWeights(maps, state.kind, state.layer, state.head);
-  const largest = Math.max(1e-9, ...weights.flat());
+  let largest = 1e-9;
+  for (const row of weights) for (const weight of row) largest = Math.max(largest, weight);
   const table = element("table", { class: "heatmap", "data-kind": state.kind });
-  const head_row = element("tr");
-  head_row.append(element("th"));
-  maps[cols].forEach((piece, k) => head_row.append(element("th", { "data-col": k }, piece)));
+  const headRow = element("tr");
+  headRow.append(element("th"));
+  maps[cols].forEach((piece, k) => headRow.append(element("th", { "data-col": k }, piece)));
   table.append(element("thead"));
-  table.tHead.append(head_row);
+  table.tHead.append(headRow);
   const body = element("tbody");
   weights.forEach((row, q) => {
     const tr = element("tr");
@@ -144,7 +145,12 @@ function renderResults(list, items, show) {
 async function postJSON(path, payload) {
   const response = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" },
     body: JSON.stringify(payload) });
-  const body = await response.json();
+  let body;
+  try {
+    body = await response.json();
+  } catch {
+    throw new Error(`${response.status} ${response.statusText}`);
+  }
   if (!response.ok) throw new Error(body.error || response.statusText);
   return body;
 }
@@ -154,11 +160,14 @@ function startLive() {
   const status = document.getElementById("status");
   const results = document.getElementById("results");
   const explorer = document.getElementById("explorer");
+  let latest = 0; // the answer to the latest click wins, whatever order the answers come in
   const showAttention = async (item) => {
+    const asked = ++latest;
     status.textContent = "computing attention…";
     status.className = "";
     try {
       const maps = await postJSON("/attention", { source: item.source, target: item.target });
+      if (asked !== latest) return;
       explorer.hidden = false;
       renderExplorer(document.getElementById("explorer-body"), maps);
       status.textContent = "";

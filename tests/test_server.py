@@ -22,6 +22,7 @@ from transformer.config import EvalConfig, LengthNorm
 
 httpx = pytest.importorskip("httpx")
 server = pytest.importorskip("transformer.app.server")
+batcher = pytest.importorskip("transformer.app.batcher")
 
 # Two layers and two heads, to switch between; 64 positions, to cut an over-long line.
 SERVED = ["model.n_encoder_layers=2", "model.n_decoder_layers=2", "model.max_positions=64", "data.max_len=40",
@@ -352,3 +353,55 @@ def test_evaluate_writes_one_self_contained_explorer_that_opens_offline(run_dir,
     page.wait_for_selector("table.heatmap")
     _explore(page, maps, layer=1, head=0)
     page.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The batcher alone, with a decoder that records what it was given
+# --------------------------------------------------------------------------------------------------
+
+
+def _batcher_run(jobs, fail_on: str | None = None, **options):
+    """Submit ``jobs`` ((sentences, beam, n_best), all at once) to a Batcher over a fake decoder; returns the
+    answers (or exceptions) and the decoder's calls."""
+    import asyncio
+
+    from transformer.inference.translator import Translation
+
+    calls = []
+
+    def decode(sentences, beam_size, n_best):
+        calls.append((list(sentences), beam_size, n_best))
+        if fail_on in sentences:
+            raise RuntimeError("the model failed")
+        return [[Translation(f"{s}/{beam_size}/{n_best}", -1.0)] for s in sentences]
+
+    async def main():
+        decoder = batcher.Batcher(decode, **{"batching": True, "max_wait_s": 0.05, "batch_tokens": 100, **options})
+        await decoder.start()
+        try:
+            return await asyncio.gather(*(decoder.translate(s, b, n, len(s)) for s, b, n in jobs),
+                                        return_exceptions=True)
+        finally:
+            await decoder.stop()
+
+    with ThreadPoolExecutor(1) as thread:  # a loop of its own: Playwright's sync API may hold this thread's
+        return thread.submit(asyncio.run, main()).result(), calls
+
+
+def test_the_batcher_decodes_equal_settings_together_in_arrival_order():
+    answers, calls = _batcher_run([(["a"], 4, 1), (["b"], 1, 1), (["c", "d"], 4, 1), (["e"], 1, 1)])
+    assert calls == [(["a", "c", "d"], 4, 1), (["b", "e"], 1, 1)]
+    assert [[t[0].text for t in answer] for answer in answers] == [["a/4/1"], ["b/1/1"], ["c/4/1", "d/4/1"], ["e/1/1"]]
+
+
+def test_the_batcher_keeps_batches_under_its_token_budget_and_decodes_alone_when_told():
+    _, calls = _batcher_run([([s], 4, 1) for s in "abcde"], batch_tokens=2)
+    assert [c[0] for c in calls] == [["a", "b"], ["c", "d"], ["e"]]
+    _, calls = _batcher_run([([s], 4, 1) for s in "abc"], batching=False)
+    assert [c[0] for c in calls] == [["a"], ["b"], ["c"]]
+
+
+def test_a_failed_decoding_fails_its_batch_only_and_the_batcher_goes_on():
+    answers, calls = _batcher_run([(["a"], 4, 1), (["bad"], 4, 1), (["c"], 1, 1)], fail_on="bad")
+    assert isinstance(answers[0], RuntimeError) and isinstance(answers[1], RuntimeError)  # decoded together
+    assert answers[2][0][0].text == "c/1/1" and len(calls) == 2

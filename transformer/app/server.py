@@ -11,7 +11,7 @@ Built on FastAPI (validation, the OpenAPI page at ``/docs``) and uvicorn. Endpoi
   teacher-forced on ``target`` or on the model's own translation.
 - ``GET /health``, ``GET /info`` (languages, model config, vocabulary sizes, checkpoint SHA-256, settings).
 
-Batching (:class:`Batcher`): requests wait in one queue; the decoder takes the first and, for up to
+Batching (:class:`transformer.app.batcher.Batcher`): requests wait in one queue; the decoder takes the first and, for up to
 ``max_wait_ms``, every later one with the same ``beam_size`` and ``n_best`` until ``batch_tokens`` source tokens,
 and decodes them as one list (sorted by length and padded, as ``transformer-translate`` decodes a file). While it
 decodes, new requests queue, so a busy server batches without waiting. ``batching=false`` decodes each request
@@ -24,23 +24,21 @@ a body that is not UTF-8 or not JSON, a wrong type, an empty list, more than ``m
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
 import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from transformer import files
+from transformer.app.batcher import Batcher
 from transformer.app.schemas import ServeConfig
 from transformer.config import to_plain_dict
 from transformer.inference.attention_maps import pair_attention_maps
@@ -62,109 +60,6 @@ class RequestError(Exception):
     def __init__(self, status: int, field_name: str, message: str) -> None:
         super().__init__(f"{field_name}: {message}")
         self.status, self.field = status, field_name
-
-
-# --------------------------------------------------------------------------------------------------
-# Batching
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    sentences: list[str]
-    key: tuple[int, int]  # (beam_size, n_best): only equal settings decode together
-    tokens: int  # source tokens
-    future: asyncio.Future = field(repr=False)
-
-
-class Batcher:
-    """Decodes queued translation requests together (see the module docstring); one decoding at a time."""
-
-    def __init__(self, decode: Callable[[list[str], int, int], list[list[Translation]]], *, batching: bool,
-                 max_wait_s: float, batch_tokens: int) -> None:
-        self.decode, self.batching, self.max_wait_s, self.batch_tokens = decode, batching, max_wait_s, batch_tokens
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")  # the model's one user
-        self.batch_sizes: list[int] = []  # requests per decoded batch, for tests and logs
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._held: deque[_Job] = deque()  # taken from the queue but not batchable with the batch being formed
-        self._task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self.executor.shutdown(wait=True)
-
-    async def translate(self, sentences: list[str], beam_size: int, n_best: int,
-                        tokens: int) -> list[list[Translation]]:
-        assert self._queue is not None, "Batcher.start() first"
-        job = _Job(sentences, (beam_size, n_best), tokens, asyncio.get_running_loop().create_future())
-        await self._queue.put(job)
-        return await job.future
-
-    async def run(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(*args)`` on the decoding thread (anything else that uses the model)."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
-
-    async def _next_batch(self) -> list[_Job]:
-        assert self._queue is not None
-        first = self._held.popleft() if self._held else await self._queue.get()
-        batch, tokens = [first], first.tokens
-        if not self.batching:
-            return batch
-        for job in list(self._held):  # earlier arrivals first
-            if job.key == first.key and tokens + job.tokens <= self.batch_tokens:
-                self._held.remove(job)
-                batch.append(job)
-                tokens += job.tokens
-        deadline = asyncio.get_running_loop().time() + self.max_wait_s
-        while tokens < self.batch_tokens:
-            if self._queue.empty():
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self._queue.get(), remaining)
-                except asyncio.TimeoutError:
-                    break
-            else:
-                job = self._queue.get_nowait()
-            if job.key == first.key and tokens + job.tokens <= self.batch_tokens:
-                batch.append(job)
-                tokens += job.tokens
-            else:
-                self._held.append(job)
-                if job.key == first.key:
-                    break  # the batch is full
-        return batch
-
-    @property
-    def running(self) -> bool:
-        return self._task is not None and not self._task.done()
-
-    async def _loop(self) -> None:
-        while True:
-            batch = [job for job in await self._next_batch() if not job.future.done()]  # done: the client left
-            if not batch:
-                continue
-            sentences = [sentence for job in batch for sentence in job.sentences]
-            self.batch_sizes.append(len(batch))
-            try:
-                results = await self.run(self.decode, sentences, *batch[0].key)
-            except Exception as error:  # a failed decoding fails its requests, not the server
-                log.exception("decoding a batch of %d requests failed", len(batch))
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(error)
-                continue
-            start = 0
-            for job in batch:
-                if not job.future.done():  # a client that went away cancelled its future
-                    job.future.set_result(results[start:start + len(job.sentences)])
-                start += len(job.sentences)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,86 +194,87 @@ def load_served_model(cfg: ServeConfig) -> Model:
     return Model(translator, attention, missing, info)
 
 
+class Service:
+    """What the endpoints do, apart from HTTP: check a request's fields and limits, decode through the batcher."""
+
+    def __init__(self, model: Model, cfg: ServeConfig) -> None:
+        self.model, self.cfg, self.translator = model, cfg, model.translator
+        self.batcher = Batcher(self._decode, batching=cfg.batching, max_wait_s=cfg.max_wait_ms / 1000,
+                               batch_tokens=cfg.batch_tokens)
+
+    def _decode(self, sentences: list[str], beam_size: int, n_best: int) -> list[list[Translation]]:
+        return self.translator.translate_scored(sentences, beam_size=beam_size, n_best=n_best)
+
+    def _tokens(self, sentences: list[str], names: list[str], limit: int) -> tuple[int, list[str]]:
+        """Source tokens in all (after cutting), and a warning for each sentence cut to ``limit`` tokens."""
+        counts = [len(self.translator.src_tok.encode(s)) if s.strip() else 0 for s in sentences]
+        warnings = [f"{name}: {n} tokens, cut to the model's limit of {limit}"
+                    for name, n in zip(names, counts) if n > limit]
+        return sum(min(n, limit) for n in counts), warnings
+
+    async def translate(self, body: dict[str, Any]) -> dict[str, Any]:
+        _only(body, ("text", "beam_size", "n_best"))
+        sentences = parse_sentences(body)
+        beam_size = _int_field(body, "beam_size", 1, MAX_BEAM) or self.translator.eval.beam_size
+        n_best = _int_field(body, "n_best", 1, MAX_BEAM) or self.translator.eval.n_best
+        if n_best > beam_size:
+            raise RequestError(422, "n_best", f"{n_best} translations need beam_size >= {n_best}, got {beam_size}")
+        if len(sentences) > self.cfg.max_sentences:
+            raise RequestError(413, "text", f"{len(sentences)} sentences; a request takes at most "
+                                            f"{self.cfg.max_sentences}")
+        names = ["text"] if isinstance(body["text"], str) else [f"text[{i}]" for i in range(len(sentences))]
+        tokens, warnings = self._tokens(sentences, names, self.translator.max_positions)
+        if tokens > self.cfg.max_request_tokens:
+            raise RequestError(413, "text", f"{tokens} source tokens; a request takes at most "
+                                            f"{self.cfg.max_request_tokens}")
+        results = await self.batcher.translate(sentences, beam_size, n_best, tokens)
+        return {"translations": [[{"text": t.text, "score": t.score} for t in nbest] for nbest in results],
+                "warnings": warnings}
+
+    async def attention(self, body: dict[str, Any]) -> dict[str, Any]:
+        _only(body, ("source", "target"))
+        source, target = _text_field(body, "source"), _text_field(body, "target", required=False)
+        if not source.strip():
+            raise RequestError(422, "source", "is empty: there is nothing to attend to")
+        if self.model.attention is None:
+            raise RequestError(503, "attention", self.model.attention_missing)
+        tokens, _ = self._tokens([source], ["source"], self.translator.max_positions)
+        if tokens > self.cfg.max_request_tokens:
+            raise RequestError(413, "source", f"{tokens} tokens; a request takes at most "
+                                              f"{self.cfg.max_request_tokens}")
+        if target is None:
+            target = (await self.batcher.translate([source], self.translator.eval.beam_size, 1, tokens))[0][0].text
+        # The decoder reads BOS and the target, so both fit the position limit; the maps are cut shorter still.
+        limit = min(self.translator.max_positions - 1, self.cfg.max_attention_tokens)
+        lengths = (("source", len(self.translator.src_tok.encode(source))),
+                   ("target", len(self.translator.tgt_tok.encode(target))))
+        warnings = [f"{name}: {n} tokens, cut to {limit} for the maps (max_attention_tokens)"
+                    for name, n in lengths if n > limit]
+
+        def maps() -> dict[str, Any]:
+            return attention_json(pair_attention_maps(self.model.attention, source, target, limit), warnings)
+
+        return await self.batcher.run(maps)  # on the decoding thread: the model's, and the JSON is large
+
+
 def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
     """The FastAPI application serving ``model`` with ``cfg``'s limits and batching."""
-    translator = model.translator
-
-    def decode(sentences: list[str], beam_size: int, n_best: int) -> list[list[Translation]]:
-        return translator.translate_scored(sentences, beam_size=beam_size, n_best=n_best)
-
-    batcher = Batcher(decode, batching=cfg.batching, max_wait_s=cfg.max_wait_ms / 1000,
-                      batch_tokens=cfg.batch_tokens)
+    service = Service(model, cfg)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        await batcher.start()
+        await service.batcher.start()
         yield
-        await batcher.stop()
+        await service.batcher.stop()
 
     app = FastAPI(title="transformer-serve", lifespan=lifespan,
                   description="Translate with a trained model and explore its attention.")
-    app.state.batcher = batcher
+    app.state.batcher = service.batcher
     app.mount("/static", StaticFiles(directory=ASSETS), name="static")
 
     @app.exception_handler(RequestError)
     async def refused(request: Request, error: RequestError) -> JSONResponse:
         return JSONResponse({"error": str(error), "field": error.field}, status_code=error.status)
-
-    def lengths(sentences: list[str], names: list[str], limit: int) -> tuple[int, list[str]]:
-        """Source tokens in all (after cutting), and a warning for each sentence cut to ``limit`` tokens."""
-        counts = [len(translator.src_tok.encode(s)) if s.strip() else 0 for s in sentences]
-        warnings = [f"{name}: {n} tokens, cut to the model's limit of {limit}"
-                    for name, n in zip(names, counts) if n > limit]
-        return sum(min(n, limit) for n in counts), warnings
-
-    @app.post("/translate", openapi_extra=_body_schema({
-        "text": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
-        "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_BEAM},
-        "n_best": {"type": "integer", "minimum": 1}}, ["text"]))
-    async def translate(request: Request) -> dict[str, Any]:
-        body = parse_body(await read_body(request))
-        _only(body, ("text", "beam_size", "n_best"))
-        sentences = parse_sentences(body)
-        beam_size = _int_field(body, "beam_size", 1, MAX_BEAM) or translator.eval.beam_size
-        n_best = _int_field(body, "n_best", 1, MAX_BEAM) or translator.eval.n_best
-        if n_best > beam_size:
-            raise RequestError(422, "n_best", f"{n_best} translations need beam_size >= {n_best}, got {beam_size}")
-        if len(sentences) > cfg.max_sentences:
-            raise RequestError(413, "text", f"{len(sentences)} sentences; a request takes at most {cfg.max_sentences}")
-        names = ["text"] if isinstance(body["text"], str) else [f"text[{i}]" for i in range(len(sentences))]
-        tokens, warnings = lengths(sentences, names, translator.max_positions)
-        if tokens > cfg.max_request_tokens:
-            raise RequestError(413, "text", f"{tokens} source tokens; a request takes at most "
-                                            f"{cfg.max_request_tokens}")
-        results = await batcher.translate(sentences, beam_size, n_best, tokens)
-        return {"translations": [[{"text": t.text, "score": t.score} for t in nbest] for nbest in results],
-                "warnings": warnings}
-
-    @app.post("/attention", openapi_extra=_body_schema(
-        {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]))
-    async def attention(request: Request) -> dict[str, Any]:
-        body = parse_body(await read_body(request))
-        _only(body, ("source", "target"))
-        source, target = _text_field(body, "source"), _text_field(body, "target", required=False)
-        if not source.strip():
-            raise RequestError(422, "source", "is empty: there is nothing to attend to")
-        if model.attention is None:
-            raise RequestError(503, "attention", model.attention_missing)
-        # The decoder reads BOS and the target, so both fit the position limit; the maps are cut shorter still.
-        limit = min(translator.max_positions - 1, cfg.max_attention_tokens)
-        tokens, _ = lengths([source], ["source"], translator.max_positions)
-        if tokens > cfg.max_request_tokens:
-            raise RequestError(413, "source", f"{tokens} tokens; a request takes at most {cfg.max_request_tokens}")
-        if target is None:
-            target = (await batcher.translate([source], translator.eval.beam_size, 1, tokens))[0][0].text
-        warnings = [f"{name}: {n} tokens, cut to {limit} for the maps (max_attention_tokens)" for name, n in
-                    (("source", len(translator.src_tok.encode(source))), ("target", len(translator.tgt_tok.encode(target))))
-                    if n > limit]
-
-        def maps() -> dict[str, Any]:
-            return attention_json(pair_attention_maps(model.attention, source, target, limit), warnings)
-
-        return await batcher.run(maps)  # on the decoding thread: the model's, and the JSON is large
 
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> JSONResponse:
@@ -386,9 +282,21 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         return JSONResponse({"error": f"the server failed: {type(error).__name__}: {error}", "field": None},
                             status_code=500)
 
+    @app.post("/translate", openapi_extra=_body_schema({
+        "text": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
+        "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_BEAM},
+        "n_best": {"type": "integer", "minimum": 1}}, ["text"]))
+    async def translate(request: Request) -> dict[str, Any]:
+        return await service.translate(parse_body(await read_body(request)))
+
+    @app.post("/attention", openapi_extra=_body_schema(
+        {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]))
+    async def attention(request: Request) -> dict[str, Any]:
+        return await service.attention(parse_body(await read_body(request)))
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        if not batcher.running:
+        if not service.batcher.running:
             return JSONResponse({"status": "the decoder stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 

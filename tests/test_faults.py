@@ -104,3 +104,29 @@ def test_a_kill_while_an_average_is_written_leaves_no_averaged_checkpoint(traine
     ok(command(trained, "average", "avg.pt", *steps))
     averaged, first, second = (weights(Path(p)) for p in (trained / "avg.pt", *steps))
     assert all(torch.allclose(averaged[k], (first[k] + second[k]) / 2) for k in first if first[k].is_floating_point())
+
+
+def test_a_rank_killed_under_torchrun_restarts_and_ends_with_the_uninterrupted_weights(toy_corpus, tmp_path):
+    """torchrun --max-restarts=1 runs the same command line again: with resume=auto the group continues from the
+    last save, and its weights end as an uninterrupted run's."""
+    from conftest import REPO
+
+    from transformer.files import FAULT_ONCE_ENV
+
+    def torchrun(run: str, **env: str) -> subprocess.CompletedProcess:
+        environment = {k: v for k, v in os.environ.items() if k not in (FAULT_ENV, FAULT_ONCE_ENV)} | env
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--max-restarts=1",
+             str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "data.cache_dir=cache",
+             "training.max_steps=12", "training.save_every_steps=3", "training.validate_every_steps=6",
+             "training.threads=1", "resume=auto", f"hydra.run.dir={run}"],
+            cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600)
+
+    ok(torchrun("straight"))
+    marker = tmp_path / "killed-once"
+    restarted = ok(torchrun("run", **{FAULT_ENV: "step_6.pt:1000", FAULT_ONCE_ENV: str(marker)}))
+    assert marker.exists()  # rank 0 was SIGKILLed writing step_6.pt ...
+    assert "resume=auto: continuing" in restarted.stdout + restarted.stderr  # ... and the group came back
+    resumed, straight = (weights(tmp_path / run / "checkpoints" / "last.pt") for run in ("run", "straight"))
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] == 12
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)

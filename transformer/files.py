@@ -158,6 +158,7 @@ def sha256(path: str | Path) -> str:
 # --------------------------------------------------------------------------------------------------
 
 FAULT_ENV = "TRANSFORMER_KILL_AT"  # "NAME_PATTERN:BYTES", e.g. "step_*.pt:4096"; unset in normal use
+FAULT_ONCE_ENV = "TRANSFORMER_KILL_ONCE"  # a marker file: kill only while it does not exist (then create it)
 
 
 class _DyingWriter:
@@ -169,7 +170,7 @@ class _DyingWriter:
 
     def write(self, data: Any) -> int:
         size = len(data) if isinstance(data, str) else memoryview(data).nbytes
-        if self._written + size >= self._limit:
+        if self._written + size >= self._limit and _first_kill():
             part = data[: self._limit - self._written] if isinstance(data, str) else \
                 memoryview(data).cast("B")[: self._limit - self._written]
             self._handle.write(part)
@@ -186,6 +187,19 @@ class _DyingWriter:
 
     def __exit__(self, *exc_info: object) -> None:
         self._handle.close()
+
+
+def _first_kill() -> bool:
+    """True unless ``TRANSFORMER_KILL_ONCE`` names a marker file that exists; creates it (a restarted process, e.g.
+    under torchrun, then runs through)."""
+    marker = os.environ.get(FAULT_ONCE_ENV)
+    if not marker:
+        return True
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
 
 
 def dying_at_fault_point(handle: IO[Any], path: str | Path) -> Any:

@@ -73,8 +73,13 @@ def init_distributed(device_kind: str | torch.device) -> DistContext:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         # Long timeout: the other ranks wait while rank 0 validates (beam search over the validation set).
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(minutes=60))
+        timeout = datetime.timedelta(minutes=60)
+        # torchrun --max-restarts starts a new group on the same store, where the killed group's addresses are
+        # still published: each attempt gets keys of its own, else a rank may dial a dead process's port.
+        store, rank, world_size = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(f"attempt_{attempt}", store), rank=rank,
+                                world_size=world_size, timeout=timeout)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device, is_main=rank == 0)
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from transformer import files
 from transformer.app import pipeline
 from transformer.app.schemas import BenchmarkConfig
 from transformer.config import ModelConfig, TrainConfig, to_plain_dict
@@ -206,7 +207,7 @@ def profile_steps(trainer: Trainer, batches: Iterator[list[Any]], steps: int, de
     summary, tables = _profiled(lambda: [trainer.train_step(next(batches)) for _ in range(steps)], device, what,
                                 steps, "step")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n\n".join([summary, *tables]) + "\n", encoding="utf-8")
+    files.write_text(path, "\n\n".join([summary, *tables]) + "\n")
     log.info("%s; tables in %s", summary, path)
 
 
@@ -269,7 +270,7 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
                 profiles += [summary, *tables]
     if profiles:
         path = Path(cfg.output_dir) / "profile_decoding.txt"
-        path.write_text("\n\n".join(profiles) + "\n", encoding="utf-8")
+        files.write_text(path, "\n\n".join(profiles) + "\n")
         log.info("decoding profiles in %s", path)
     return rows
 
@@ -292,8 +293,8 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
         "max_tokens": cfg.training.max_tokens, "training": asdict(speed), "matmul_flops": peak,
         "mfu": speed.achieved_flops / peak, "decoding": decoding, "peak_memory_mb": peak_memory_mb(device),
     }
-    (out / "benchmark.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    (out / "benchmark.md").write_text(markdown_report(result), encoding="utf-8")
+    files.write_text(out / "benchmark.json", json.dumps(result, indent=2) + "\n")
+    files.write_text(out / "benchmark.md", markdown_report(result))
     print(markdown_report(result))
     return result
 

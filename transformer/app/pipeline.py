@@ -275,7 +275,7 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
 
     test_src, test_ref = load_split(cfg.data, cfg.data.test_split)
     scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device, cfg.data.tgt)
-    run.test_hypotheses.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    files.write_text(run.test_hypotheses, "\n".join(hypotheses) + "\n")
     tracker.scalars(_test_scalars(scores), step=step)
     log.info("test (%s, %s): %s", cfg.data.test_split, final.source, format_scores(scores))
     return {
@@ -325,7 +325,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     else:
         scores, hypotheses = score_texts(trained.model, src, refs, src_tok, tgt_tok, cfg.eval, device, data.tgt)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "hypotheses.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    files.write_text(out / "hypotheses.txt", "\n".join(hypotheses) + "\n")
     metrics = {"checkpoint" if trained else "export": str(source), "test_set": name, **asdict(scores),
                "eval": to_plain_dict(cfg.eval)}
     if trained is not None and trained.ensemble_paths:

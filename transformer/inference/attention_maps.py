@@ -29,6 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import nn
 
+from transformer import files
 from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig
 from transformer.data.tokenizer import BOS_PIECE, EOS_PIECE
 from transformer.inference.explorer import attention_json, standalone_page
@@ -322,7 +323,7 @@ def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: Ev
             entries.append({"name": f"{name}_{kind}", "source": source, "target": target, "maps": attention_json(maps)})
     if cfg.format == "html" and entries:
         page = Path(out) / "explorer.html"
-        page.write_text(standalone_page(entries, info=f"{trained.path}"), encoding="utf-8")
+        files.write_text(page, standalone_page(entries, info=f"{trained.path}"))
         log.info("attention explorer of %d sentence pairs: %s", len(entries), page)
         written.append(page)
     return written

@@ -126,6 +126,7 @@ def test_a_disk_that_fills_at_the_rename_is_named_as_a_write_failure(server, tmp
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("transformer.files.os.replace", full)
-    with pytest.raises(DataError, match=r"val\.en\.gz: cannot write the file here \(\[Errno 28\] No space left"):
+    with pytest.raises(DataError, match=r"^no space left on device \(ENOSPC\) while writing .*val\.en\.gz; val\.en\.gz "
+                                         r"was not written"):
         download_file(f"{server}/good/val.en.gz", tmp_path / "val.en.gz", MULTI30K_SHA256["val.en.gz"])
     assert _names(tmp_path) == []  # the temporary file is gone too

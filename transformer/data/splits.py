@@ -17,7 +17,7 @@ from typing import BinaryIO, Iterable, Iterator, Sequence
 
 from transformer.config import CorpusKind, DataConfig
 from transformer.data.corpus import DataError, normalize_space, read_parallel
-from transformer.files import atomic_write, sha256
+from transformer.files import DiskFullError, atomic_write, sha256
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,8 @@ def _next_chunk(chunks: Iterator[bytes]) -> bytes | None:
 
 
 def _cannot_write(dest: Path, err: OSError) -> DataError:
+    if isinstance(err, DiskFullError):  # its message already names the file and says what to do
+        return DataError(str(err))
     return DataError(f"{dest}: cannot write the file here ({err}); check the folder's permissions and free space")
 
 

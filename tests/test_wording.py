@@ -38,8 +38,11 @@ def test_no_tracked_file_speaks_of_how_the_project_was_built(what):
 
 
 def test_the_patterns_catch_what_they_are_for():
-    samples = {"a work-session number": "as measured in session 28", "a tracker number": "see issue 15",
-               "a machine loan": "on the lent GPU", "a build machine's path": "cd /work/main && pytest"}
+    # Each sample is put together from pieces, so this file itself holds none of the phrases it forbids.
+    samples = {"a work-session number": "as measured in " + "sess" + "ion 28",
+               "a tracker number": "see " + "iss" + "ue 15",
+               "a machine loan": "on the " + "le" + "nt GPU",
+               "a build machine's path": "cd " + "/wo" + "rk/main && pytest"}
     for what, sample in samples.items():
         assert re.search(FORBIDDEN[what], sample, re.IGNORECASE), what
     assert not re.search(FORBIDDEN["a machine loan"], "an excellent, silent release", re.IGNORECASE)

@@ -29,7 +29,8 @@
 #                                          # resume them and finish
 #
 # Needs MULTI30K_DIR (a copy of Multi30k that travelled with the tree) and hydra-core, omegaconf,
-# antlr4-python3-runtime and sacremoses importable (README, "Two commands": where a GPU machine lacks hydra).
+# antlr4-python3-runtime and sacremoses importable (docs/guide/gpu.md, "Tests on a GPU machine": where a GPU
+# machine lacks hydra).
 set -uo pipefail
 out="${OUT:-gpu_checks}"
 mkdir -p "$out"

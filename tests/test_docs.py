@@ -18,5 +18,5 @@ def test_the_site_builds_strictly(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (tmp_path / "site" / "serving" / "index.html").is_file()
+    assert (tmp_path / "site" / "guide" / "serve" / "index.html").is_file()
     assert (tmp_path / "site" / "reference" / "configuration" / "index.html").is_file()

@@ -62,6 +62,27 @@ def test_a_kill_while_a_checkpoint_is_written_then_resume_gives_the_uninterrupte
     assert resumed.keys() == straight.keys() and all(torch.equal(resumed[k], straight[k]) for k in straight)
 
 
+@pytest.mark.parametrize("kill_at", ["last.pt:0", "best.pt:0"], ids=["last.pt", "best.pt"])
+def test_a_kill_while_last_or_best_is_relinked_then_resume_gives_the_uninterrupted_run(toy_corpus, tmp_path, kill_at):
+    """The rotation writes step_N.pt, then links last.pt and best.pt to it (a temporary name renamed over each): a
+    kill between the two leaves the new step file, the old link (here: none yet) and the temporary name."""
+    steps = ["training.max_steps=15", "training.validate_every_steps=5"]
+    ok(train(tmp_path, toy_corpus, "straight", *steps))
+    killed(train(tmp_path, toy_corpus, "run", *steps, "resume=auto", kill_at=kill_at))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    name = kill_at.partition(":")[0]
+    assert load_checkpoint(checkpoints / "step_5.pt")["step"] == 5 and not (checkpoints / name).exists()
+    assert (checkpoints / f".{name}.link.tmp").exists()
+    resumed = ok(train(tmp_path, toy_corpus, "run", *steps, "resume=auto"))
+    assert not list(checkpoints.glob(".*.tmp")) and "which a write killed midway left" in resumed.stdout + resumed.stderr
+    straight = tmp_path / "straight" / "checkpoints"
+    for checkpoint in ("last.pt", "best.pt", "final.pt"):
+        ours, theirs = weights(checkpoints / checkpoint), weights(straight / checkpoint)
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), checkpoint
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["test_bleu"] == \
+        json.loads((tmp_path / "straight" / "metrics.json").read_text())["test_bleu"]
+
+
 @pytest.mark.parametrize("kill_at", ["src_tokens.npy:100", "tgt_offsets.npy:10", "*.json:20"],
                          ids=["token array", "offsets array", "tokenizer file"])
 def test_a_kill_while_the_data_cache_is_written_leaves_nothing_the_next_run_uses(toy_corpus, tmp_path, kill_at):
@@ -104,6 +125,54 @@ def test_a_kill_while_an_average_is_written_leaves_no_averaged_checkpoint(traine
     ok(command(trained, "average", "avg.pt", *steps))
     averaged, first, second = (weights(Path(p)) for p in (trained / "avg.pt", *steps))
     assert all(torch.allclose(averaged[k], (first[k] + second[k]) / 2) for k in first if first[k].is_floating_point())
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real file system that fills up: a 16 MiB tmpfs (mounting needs root; skipped elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_disk_that_fills_up_mid_run_keeps_the_last_checkpoint_and_resume_gives_the_uninterrupted_run(
+        toy_corpus, tmp_path, small_disk):
+    steps = ["training.max_steps=15", "training.validate_every_steps=5"]
+    ok(train(tmp_path, toy_corpus, "straight", *steps))
+    size = (tmp_path / "straight" / "checkpoints" / "step_5.pt").stat().st_size
+    ballast = small_disk / "ballast"
+    with open(ballast, "wb") as handle:  # leave room for the run's logs and step_5.pt, not for step_10.pt beside it
+        handle.write(bytes(os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize - size * 3 // 2))
+    run = small_disk / "run"
+    full = train(tmp_path, toy_corpus, str(run), *steps, "resume=auto")
+    assert full.returncode == 1
+    message = [line for line in (full.stdout + full.stderr).splitlines() if "ENOSPC" in line]
+    assert len(message) == 1 and "while writing" in message[0] and "free space" in message[0], full.stderr[-2000:]
+    checkpoints = run / "checkpoints"
+    assert load_checkpoint(checkpoints / "last.pt")["step"] == 5  # whole, and the newest the run has
+    assert not list(checkpoints.glob(".*.tmp")) and not (checkpoints / "step_10.pt").exists()
+    ballast.unlink()  # space freed: the same command line continues the run
+    ok(train(tmp_path, toy_corpus, str(run), *steps, "resume=auto"))
+    resumed, straight = weights(checkpoints / "last.pt"), weights(tmp_path / "straight" / "checkpoints" / "last.pt")
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+
+
+def test_a_kill_while_a_diversified_split_is_written_leaves_no_split_and_says_so(trained):
+    args = ["diversify", "forward=[run]", "eval=greedy", "device=cpu"]
+    killed(command(trained, *args, "out_dir=split", kill_at="train.tgt.gz:100"))
+    assert not (trained / "split" / "diversify.json").exists()  # written last: the split is not done
+    assert not (trained / "split" / "train.tgt.gz").exists()  # and no side half-written
+    refused = command(trained, *args, "out_dir=split")
+    assert refused.returncode == 1 and "has no diversify.json, as a transformer-diversify stopped midway leaves it" \
+        in refused.stdout + refused.stderr
+    ok(command(trained, *args, "out_dir=clean"))
+    for side in ("train.src.gz", "train.tgt.gz"):  # what the stopped run had written is what a clean run writes
+        assert not (trained / "split" / side).exists() or \
+            (trained / "split" / side).read_bytes() == (trained / "clean" / side).read_bytes()
 
 
 def test_a_rank_killed_under_torchrun_restarts_and_ends_with_the_uninterrupted_weights(toy_corpus, tmp_path):

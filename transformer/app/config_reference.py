@@ -112,7 +112,7 @@ def page() -> str:
              "Every setting of every command, as typed on its command line (`transformer-train training.lr=1e-3`),",
              "with its type, default and help. Generated from the schemas in `transformer/config.py` and",
              "`transformer/app/schemas.py` by `python -m transformer.app.config_reference`; the config groups that",
-             "set several at once are in [Configuration](../configuration.md).", ""]
+             "set several at once are in [Configuration](../guide/configuration.md).", ""]
     for command, cls in COMMANDS.items():
         parts += [f"## {command}", "", "| key | type | default | help |", "| --- | --- | --- | --- |"]
         for key, kind, default, help_text in rows(cls):

@@ -109,6 +109,9 @@ def check_free(folder: str | Path, split: str, src_lang: str, tgt_lang: str) -> 
     """Refuse a folder that already holds the split (or the same names uncompressed): nothing is overwritten."""
     for path in split_files(folder, split, src_lang, tgt_lang):
         for existing in (path, path.with_suffix("")):
+            if existing.exists() and not (Path(folder) / "diversify.json").is_file():  # written last: not done
+                raise DataError(f"out_dir: {existing} exists but {folder} has no diversify.json, as a "
+                                "transformer-diversify stopped midway leaves it; remove the folder or choose another")
             if existing.exists():
                 raise DataError(f"out_dir: {existing} exists; choose a new folder or remove the old split first")
 

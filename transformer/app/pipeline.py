@@ -116,6 +116,8 @@ def _start_run(cfg: TrainConfig, dist: DistContext) -> tuple[dict[str, Any] | No
     else:
         resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
         checkpoints = CheckpointManager(run.checkpoints, cfg.training.keep_last)
+        for stale in files.remove_stale_temporaries(run.checkpoints) if dist.is_main else []:  # never read, only space
+            log.info("removed %s, which a write killed midway left", stale)
         if broadcast_object(abandon_later_history(checkpoints, resumed, path) if dist.is_main else None):
             resumed.update(best_bleu=None, best_step=None, bad_validations=0, last_valid_step=None)
     run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart

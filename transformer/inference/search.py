@@ -158,7 +158,8 @@ def greedy_hypotheses(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, 
             once). Until then they are computed and ignored. Dropping rows selects every cached tensor; on a
             GPU, where a step costs about the same for any number of rows, doing that at nearly every step
             costs more than carrying finished rows a little longer.
-        length_penalty, length_norm: how each hypothesis's ``score`` is normalized (as in beam search).
+        length_penalty: the GNMT alpha of ``length_norm``.
+        length_norm: how each hypothesis's ``score`` is normalized (as in beam search).
 
     Returns:
         One hypothesis per sentence.

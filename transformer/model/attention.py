@@ -297,7 +297,8 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             query: (batch, q_len, d_model).
-            key, value: (batch, k_len, d_model); ignored (may be None) when ``cache`` is static.
+            key: (batch, k_len, d_model); ignored (may be None) when ``cache`` is static.
+            value: (batch, k_len, d_model), like ``key``.
             mask: bool, True = may attend, broadcastable to (batch, heads, q_len, total_k_len).
             need_weights: return the attention weights (explicit path) instead of the fused kernel.
             cache: a growing self-attention cache (the new K/V are appended and the longer cache is

@@ -161,7 +161,8 @@ class Transformer(nn.Module):
 
     Args:
         cfg: the architecture.
-        src_vocab_size, tgt_vocab_size: vocabulary sizes (equal when ``cfg.share_embeddings``).
+        src_vocab_size: the source vocabulary's size.
+        tgt_vocab_size: the target vocabulary's size (equal to the source's when ``cfg.share_embeddings``).
         pad_id: the padding id of both vocabularies (its embedding row is zero; masks come from it).
     """
 

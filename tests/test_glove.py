@@ -237,3 +237,49 @@ def test_resume_freezes_again_what_the_run_froze(tmp_path):
     refreeze_model_embeddings(fresh, glove)
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
     assert frozen and frozen == [name for name, p in fresh.named_parameters() if not p.requires_grad]
+
+
+@pytest.mark.slow
+def test_a_300_dimensional_glove_file_trains_draws_and_exports_a_glove300_model(toy_corpus, tmp_path):
+    """``model=glove300`` end to end (8 heads of 64 = 512, which 300 is not), with a synthetic 300-d GloVe-format file
+    holding the toy corpus's source words: coverage, shapes, a short training, attention maps and the export."""
+    import subprocess
+    import sys
+
+    from transformer.checkpoint import load_checkpoint
+
+    def command(*args: str, **kwargs) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "transformer", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=600, **kwargs)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done
+
+    words = sorted({word for line in (toy_corpus / "train.src").read_text().splitlines() for word in line.split()})
+    rng = np.random.default_rng(0)
+    (tmp_path / "glove.300d.txt").write_text("".join(
+        word + " " + " ".join(f"{x:.4f}" for x in rng.normal(0.0, 0.4, 300)) + "\n" for word in words))
+    trained = command("train", "data=toy_copy", f"data.dir={toy_corpus}", "data.cache_dir=cache", "model=glove300",
+                      "model.glove.path=glove.300d.txt", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+                      "training.max_steps=20", "training.validate_every_steps=20", "training.average_last=0",
+                      "training.progress_bar=false", "eval=greedy", "device=cpu", "hydra.run.dir=run")
+    assert f"GloVe src embeddings: {len(words)} of {len(words)} vocabulary entries found (100.0 %" in trained.stdout
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "final.pt")
+    assert state["config"]["model"]["d_model"] == 300 and state["config"]["model"]["d_head"] == 64
+    shapes = {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
+    assert {shape for name, shape in shapes.items() if name.endswith("in_proj_weight")} == {(3 * 512, 300)}
+    assert {shape for name, shape in shapes.items() if name.endswith("out_proj.weight")} == {(300, 512)}
+    rows, vectors = state["model"]["encoder.embed.token.embedding.weight"], read_vectors(tmp_path / "glove.300d.txt")
+    pieces = state["tokenizers"]["src"]["pieces"]
+    for word in words:  # each row is its word's vector, rescaled, after 20 small steps
+        row, vector = rows[pieces.index(word)], vectors.matrix[vectors.index[word]]
+        assert torch.cosine_similarity(row, vector, dim=0) > 0.95, word
+
+    command("evaluate", "run_dir=run", "eval=greedy", "attention.indices=[0]", "hydra.run.dir=maps")
+    maps = np.load(tmp_path / "maps" / "attention" / "test0_hyp.npz")
+    assert maps["encoder"].shape[:2] == (1, 8) and maps["cross"].shape[:2] == (1, 8)
+    assert np.allclose(maps["cross"].sum(-1), 1.0, atol=1e-5)
+
+    command("export", "run_dir=run", "out_dir=exported", "eval=greedy")
+    source = (toy_corpus / "test.src").read_text()
+    assert command("translate", "export_dir=exported", "eval=greedy", input=source).stdout == \
+        command("translate", "run_dir=run", "eval=greedy", input=source).stdout

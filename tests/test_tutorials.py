@@ -21,6 +21,9 @@ GLOVE = Path(os.environ.get("GLOVE_PATH", REPO.parent / "shared" / "data" / "glo
 SKIPPED = {
     "pip install": "the tests run in the installed project",
     "export MULTI30K_DIR=": "the test points MULTI30K_DIR at the local copy itself",
+    "export GLOVE_PATH=": "the test points GLOVE_PATH at the local file itself",
+    "transformer-train model=glove300": "needs the 300-d GloVe file (tests/test_glove.py runs the path on a synthetic "
+                                        "one)",
     "tensorboard": "a server that runs until stopped",
     "transformer-recipe best_gpu": "refuses a machine without a GPU (tests/test_recipes.py checks the refusal)",
     "MULTI30K_DIR=../shared/data/multi30k benchmarks/compare_variants.sh": "an 80-minute measurement made of the "

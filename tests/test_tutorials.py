@@ -40,13 +40,13 @@ SMALLER = {
 }
 # Settings appended to each command, unless the page's command sets the same key itself.
 SMOKE = {
-    "transformer-train": ["training.max_steps=8", "training.max_minutes=null", "data.max_pairs=400",
+    "transformer-train": ["training.max_steps=8", "training.max_minutes=null", "data.max_pairs=1000",
                           "training.valid_max_sentences=8", "eval=greedy", "training.progress_bar=false"],
-    "transformer-recipe": ["training.max_steps=8", "training.max_minutes=null", "data.max_pairs=400",
+    "transformer-recipe": ["training.max_steps=8", "training.max_minutes=null", "data.max_pairs=1000",
                            "training.valid_max_sentences=8", "eval=greedy", "training.progress_bar=false"],
     "transformer-evaluate": ["eval=greedy"],
-    "transformer-diversify": ["data.max_pairs=100", "eval=greedy"],
-    "transformer-prepare-data": ["data.max_pairs=400"],
+    "transformer-diversify": ["eval=greedy"],  # translates the teachers' training pairs: data.max_pairs of theirs
+    "transformer-prepare-data": ["data.max_pairs=1000"],
     "transformer-benchmark": ["train_steps=2", "untimed_steps=1", "decode_sentences=8", "matmul_size=256"],
 }
 
@@ -106,7 +106,7 @@ def test_the_smoke_wrapper_keeps_the_pages_own_settings(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     out = subprocess.run(["bash", "-c", script(page)], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["eval=beam", "training.max_steps=100", "hydra.run.dir=x", "training.max_minutes=null",
-                           "data.max_pairs=400", "training.valid_max_sentences=8", "training.progress_bar=false"]
+                           "data.max_pairs=1000", "training.valid_max_sentences=8", "training.progress_bar=false"]
 
 
 @pytest.mark.slow

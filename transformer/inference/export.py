@@ -161,8 +161,9 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
     out = Path(out_dir)
     if out.exists():
         raise ConfigError(f"out_dir: {out} exists; an export never overwrites: choose a new folder")
-    if not out.parent.is_dir():
-        raise ConfigError(f"out_dir: the folder {out.parent} does not exist")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise ConfigError(f"out_dir: {out.parent} is a file, not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)  # exports/en_de: the folder of exports is made as needed
     spec = build_spec(trained.model, trained.src_tok, trained.tgt_tok)
     spec.validate()
     spec.optimize(quantization=None if quantization == "none" else quantization)

@@ -443,7 +443,10 @@ _KILLED_RUN = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
+import torch
 from toy_training import copy_pairs, make_trainer, training_config
+
+torch.set_num_threads(1)  # as the test's own process: another thread count rounds differently
 
 def kill_at(call):
     if call == {kill_at}:  # while collating a batch of the next step: no chance to save
@@ -454,7 +457,17 @@ make_trainer(Path({run!r}), cfg, copy_pairs(40, seed=1), collate_hook=kill_at).f
 """
 
 
-def test_kill_9_loses_at_most_save_every_steps_and_resumes_bit_identically(tmp_path):
+@pytest.fixture()
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_kill_9_loses_at_most_save_every_steps_and_resumes_bit_identically(tmp_path, one_thread):
+    """A run killed in a fresh process and resumed here ends bit-identical to one never killed. All three runs use
+    one thread: the same count in both processes, and no parallel reduction whose order a busy machine could change."""
     steps, every = 9, 3
     straight = make_trainer(tmp_path / "a", training_config(max_steps=steps), PAIRS)
     straight.fit()

@@ -161,6 +161,49 @@ def test_a_disk_that_fills_up_mid_run_keeps_the_last_checkpoint_and_resume_gives
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
 
 
+def fill(disk: Path, leave: int) -> Path:
+    """Fill ``disk`` with one file until ``leave`` bytes are free; delete the file to free the space again."""
+    ballast = disk / "ballast"
+    with open(ballast, "wb") as handle:
+        handle.write(bytes(max(0, os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - leave)))
+    return ballast
+
+
+def one_enospc_line(done: subprocess.CompletedProcess, path_part: str) -> None:
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if "ENOSPC" in line]
+    assert len(lines) == 1 and path_part in lines[0] and "free space" in lines[0], lines
+
+
+def test_a_full_disk_under_the_corpus_cache_leaves_no_half_cache_and_the_same_command_then_builds_it(
+        toy_corpus, tmp_path, small_disk):
+    cache = small_disk / "cache"
+    args = ["train", *TOY, f"data.dir={toy_corpus}", f"data.cache_dir={cache}", "training.max_steps=2",
+            "hydra.run.dir=run", "resume=auto"]
+    ballast = fill(small_disk, leave=8 * 1024)  # room for a directory or two, not for the tokenizers and arrays
+    one_enospc_line(command(tmp_path, *args), str(cache / "corpus"))
+    assert not [p for p in cache.rglob("*") if ".tmp-" in p.name]  # no half-built folder left to fill the disk
+    assert not list((cache / "corpus").iterdir())  # and no corpus entry for the next run to trust
+    ballast.unlink()
+    done = ok(command(tmp_path, *args))
+    assert "training data: encoded 400 pairs" in done.stdout + done.stderr  # built afresh
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] == 2
+
+
+def test_a_full_disk_under_evaluates_folder_is_one_line_and_a_rerun_with_space_completes(trained, small_disk):
+    """Hydra writes the folder's ``.hydra/`` snapshot before the command's code; a full disk there is one line
+    too. (evaluate's own outputs on a full disk: tests/test_files.py, through a writer that reports ENOSPC.)"""
+    out = small_disk / "eval"
+    args = ["evaluate", "run_dir=run", "eval=greedy", "device=cpu", f"hydra.run.dir={out}"]
+    ballast = fill(small_disk, leave=0)
+    one_enospc_line(command(trained, *args), str(out / ".hydra"))
+    assert not (out / "metrics.json").exists()
+    ballast.unlink()
+    ok(command(trained, *args, "overwrite=true"))  # into the folder the refused run began (its .hydra/ is there)
+    assert json.loads((out / "metrics.json").read_text())["bleu"] >= 0
+
+
 def test_a_kill_while_a_diversified_split_is_written_leaves_no_split_and_says_so(trained):
     args = ["diversify", "forward=[run]", "eval=greedy", "device=cpu"]
     killed(command(trained, *args, "out_dir=split", kill_at="train.tgt.gz:100"))

@@ -89,10 +89,11 @@ class DiskFullError(OSError):
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _disk_full(path: Path, error: BaseException) -> DiskFullError | None:
+def _disk_full(path: Path, error: BaseException, outcome: str | None = None) -> DiskFullError | None:
     """A :class:`DiskFullError` for ``error`` when it came from a full disk, else None. torch.save reports one as a
     RuntimeError ("file write failed", or "unexpected pos" when a buffered write came up short), so a failed write
-    on a file system with no space left counts too."""
+    on a file system with no space left counts too. ``outcome`` says what became of ``path`` (default: it keeps
+    its earlier content, or was not written)."""
     if isinstance(error, DiskFullError):
         return error
     full = isinstance(error, OSError) and error.errno in _FULL
@@ -105,9 +106,15 @@ def _disk_full(path: Path, error: BaseException) -> DiskFullError | None:
             full = False
     if not full:
         return None
-    before = "keeps its earlier content" if path.exists() else "was not written"
-    return DiskFullError(errno.ENOSPC, f"no space left on device (ENOSPC) while writing {path}; {path.name} {before}; "
+    if outcome is None:
+        outcome = f"{path.name} keeps its earlier content" if path.exists() else f"{path.name} was not written"
+    return DiskFullError(errno.ENOSPC, f"no space left on device (ENOSPC) while writing {path}; {outcome}; "
                                        f"free space on {path.parent} and run the command again")
+
+
+def disk_full_while_building(folder: Path, error: BaseException) -> DiskFullError | None:
+    """:func:`_disk_full` for a folder built under a temporary name and renamed into place: nothing of it is kept."""
+    return _disk_full(folder, error, f"nothing half-written was kept under {folder.name}")
 
 
 def _new_file_mode() -> int:

@@ -210,8 +210,31 @@ def _setup() -> None:
     step and saves: ``runtime.defer_sigint``).
     """
     register_configs()
+    _name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _name_a_full_disk_under_hydras_snapshot() -> None:
+    """Hydra writes the run folder's ``.hydra/`` snapshot before any command's code runs, and reports a failed write
+    as a traceback: on a full disk, say so in one line instead, as the commands do for their own writes."""
+    from hydra.core import utils as hydra_utils
+
+    save = hydra_utils._save_config
+    if getattr(save, "names_a_full_disk", False):
+        return
+
+    def save_or_name_a_full_disk(cfg: Any, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            sys.exit(f"no space left on device (ENOSPC) while writing {Path(output_dir) / filename}; "
+                     "free space and run the command again")
+
+    save_or_name_a_full_disk.names_a_full_disk = True  # type: ignore[attr-defined]
+    hydra_utils._save_config = save_or_name_a_full_disk
 
 
 def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:

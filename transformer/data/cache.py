@@ -53,7 +53,7 @@ from transformer.data.corpus import (
 from transformer.data.encoding import EncodedChunk, NpyWriter, encoded_chunks
 from transformer.data.splits import corpus_paths
 from transformer.data.tokenizer import Tokenizer, build_tokenizers, load_tokenizers, save_tokenizers, tokenizer_digest
-from transformer.files import fsync_directory, fsync_file, sha256, write_json
+from transformer.files import disk_full_while_building, fsync_directory, fsync_file, sha256, write_json
 from transformer.tracking import ProgressBar
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,8 @@ def _building(final: Path, key: dict[str, Any]) -> Iterator[Path]:
             if _valid_meta(final, key) is None:
                 raise
         fsync_directory(final.parent)
+    except (OSError, RuntimeError) as error:  # a full disk names the cache folder, not the file that filled it
+        raise disk_full_while_building(final, error) or error
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -3,8 +3,8 @@
     python scripts/plot_curves.py docs/curve.png outputs/train/RUN_A ours=outputs/train/RUN_B \
         [--tag valid/bleu] [--x steps] [--reference "OpenNMT-py=11:13.4,23:29.6"]
 
-Minutes count wall-clock time from a run's first event, so a run resumed after a pause, or runs from machines of
-different speeds, compare better by ``--x steps``.
+Minutes are the training time each validation logged (``train/minutes``: the time a resumed run lay stopped is
+not counted); runs from machines of different speeds compare better by ``--x steps``.
 """
 
 from __future__ import annotations

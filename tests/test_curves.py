@@ -35,6 +35,25 @@ def test_read_curve_measures_minutes_from_the_first_event_of_any_tag(run_dir: Pa
     assert (loss.label, loss.minutes, loss.steps, loss.values) == ("loss", [0.0], [10], [5.0])
 
 
+def test_minutes_come_from_the_trainers_clock_when_it_was_logged(tmp_path: Path) -> None:
+    """A run stopped for an hour after step 200 and resumed: its wall clock jumps, its training clock does not.
+    A run logging the clock at some validations only falls back to the wall clock for all of them."""
+    run = tmp_path / "resumed"
+    with SummaryWriter(log_dir=str(run / "tensorboard")) as writer:
+        writer.add_scalar("train/loss", 5.0, 10, walltime=T0)
+        for step, wall, trained, bleu in ((100, 2.0, 2.0, 10.5), (200, 5.0, 5.0, 20.25), (300, 69.0, 9.0, 24.0)):
+            writer.add_scalar("valid/bleu", bleu, step, walltime=T0 + 60 * wall)
+            writer.add_scalar("train/minutes", trained, step, walltime=T0 + 60 * wall)
+    assert read_curve(run).minutes == pytest.approx([2.0, 5.0, 9.0])
+    assert read_curve(run, tag="train/minutes").values == pytest.approx([2.0, 5.0, 9.0])
+    old = tmp_path / "partly"
+    with SummaryWriter(log_dir=str(old / "tensorboard")) as writer:
+        writer.add_scalar("valid/bleu", 10.5, 100, walltime=T0)
+        writer.add_scalar("valid/bleu", 20.25, 200, walltime=T0 + 60 * 65.0)
+        writer.add_scalar("train/minutes", 4.0, 200, walltime=T0 + 60 * 65.0)
+    assert read_curve(old).minutes == pytest.approx([0.0, 65.0], abs=1e-3)
+
+
 def test_a_missing_tag_names_the_tags_found(run_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"no scalar 'valid/chrf' \(found \['train/loss', 'valid/bleu'\]\)"):
         read_curve(run_dir, tag="valid/chrf")

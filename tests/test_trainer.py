@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 
 from transformer.checkpoint import CheckpointError, load_checkpoint
 from transformer.config import Schedule
+from transformer.tracking import Tracker
 from transformer.training.step_window import TrainingDiverged
 from transformer.training.trainer import Trainer
 
@@ -140,6 +142,28 @@ def test_resuming_a_finished_run_keeps_its_metrics_and_time(tmp_path):
     assert (again.reason, again.steps, again.epochs) == ("max_epochs", result.steps, 2)
     assert again.last_metrics == result.last_metrics  # not emptied by a fit call that had nothing to train
     assert again.train_seconds >= state["train_seconds"] > again.wall_seconds
+
+
+def test_each_validation_logs_the_minutes_of_training_which_a_resume_continues_without_the_pause(tmp_path):
+    logged: list[tuple[int, float]] = []
+
+    class Recording(Tracker):
+        def scalar(self, tag: str, value: float, step: int) -> None:
+            if tag == "train/minutes":
+                logged.append((step, value * 60.0))
+
+    first = make_trainer(tmp_path, training_config(max_epochs=1), PAIRS)
+    first.tracker = Recording(tmp_path / "tb", enabled=False)
+    result = first.fit()
+    assert logged and logged[-1] == (result.steps, pytest.approx(result.train_seconds, abs=0.5))
+    time.sleep(1.0)  # the run lies stopped
+    resumed = make_trainer(tmp_path, training_config(max_epochs=2), PAIRS)
+    resumed.tracker = Recording(tmp_path / "tb", enabled=False)
+    resumed.load_state(load_checkpoint(tmp_path / "checkpoints" / "last.pt"))
+    again = resumed.fit()
+    (step_1, seconds_1), (step_2, seconds_2) = logged[-2], logged[-1]
+    assert step_1 < step_2 == again.steps and seconds_1 < seconds_2 <= again.train_seconds
+    assert seconds_2 - seconds_1 < again.wall_seconds  # the second since the first fit ended is not counted
 
 
 def test_epoch_validation_and_final_validation(tmp_path):

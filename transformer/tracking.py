@@ -3,6 +3,7 @@
 Scalar names, one scheme for the whole project (``split/metric``):
 
     train/loss  train/nll  train/ppl  train/lr  train/grad_norm  train/tokens_per_s (target tokens, all ranks)
+    train/minutes (at each validation: minutes of training so far, resumed runs' earlier calls included)
     valid/loss  valid/ppl  valid/bleu  valid/chrf  (and any other key ``validate`` returns)
     test/bleu   test/chrf  ...
 
@@ -21,6 +22,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+
+TRAIN_MINUTES = "train/minutes"
 
 
 class Tracker:

@@ -1,5 +1,8 @@
 """Training curves from a run's TensorBoard events: validation BLEU against minutes of training, or against
-optimizer steps (for runs timed on different machines, or resumed after a pause, where minutes mislead)."""
+optimizer steps (for runs timed on different machines, where minutes mislead).
+
+Minutes are the trainer's own clock (``train/minutes``, logged at each validation), which leaves out the time a
+resumed run lay stopped; runs from before that scalar existed are timed by wall clock from their first event."""
 
 from __future__ import annotations
 
@@ -11,11 +14,12 @@ from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer.checkpoint import RunDir
+from transformer.tracking import TRAIN_MINUTES
 
 
 @dataclass
 class Curve:
-    """One scalar of one run: ``minutes`` since the run's first event, ``steps`` and ``values``."""
+    """One scalar of one run: ``minutes`` of training, ``steps`` and ``values``."""
 
     label: str
     minutes: list[float]
@@ -31,9 +35,14 @@ def read_curve(run_dir: str | Path, tag: str = "valid/bleu", label: str | None =
     if tag not in events.Tags()["scalars"]:
         raise ValueError(f"{folder}: no scalar {tag!r} (found {sorted(events.Tags()['scalars'])})")
     scalars = events.Scalars(tag)
-    start = min(event.wall_time for tag_name in events.Tags()["scalars"] for event in events.Scalars(tag_name))
-    return Curve(label or Path(run_dir).name, [(s.wall_time - start) / 60 for s in scalars],
-                 [s.step for s in scalars], [s.value for s in scalars])
+    clock = {s.step: s.value for s in events.Scalars(TRAIN_MINUTES)} if TRAIN_MINUTES in events.Tags()["scalars"] \
+        else {}
+    if all(s.step in clock for s in scalars):
+        minutes = [clock[s.step] for s in scalars]
+    else:  # the wall clock: it counts the time between a stop and a resume too
+        start = min(event.wall_time for tag_name in events.Tags()["scalars"] for event in events.Scalars(tag_name))
+        minutes = [(s.wall_time - start) / 60 for s in scalars]
+    return Curve(label or Path(run_dir).name, minutes, [s.step for s in scalars], [s.value for s in scalars])
 
 
 X_AXES = {"minutes": "minutes of training", "steps": "optimizer steps"}

@@ -56,7 +56,7 @@ from transformer.config import TrainingConfig
 from transformer.data.batching import prefetched
 from transformer.inference.metrics import perplexity
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
-from transformer.tracking import ProgressBar, Tracker
+from transformer.tracking import TRAIN_MINUTES, ProgressBar, Tracker
 from transformer.training import distributed
 from transformer.training.checkpoints import CheckpointManager
 from transformer.training.cuda_graphs import StepGraphs
@@ -414,6 +414,7 @@ class Trainer:
         is_best, exhausted = self.horizon.validated(metrics["bleu"], self.step)
         self.state.last_valid_step, self.state.last_metrics = self.step, metrics
         self.tracker.scalars(metrics, self.step, prefix="valid")
+        self.tracker.scalar(TRAIN_MINUTES, self.train_seconds / 60.0, self.step)  # the curves' clock (app.curves)
         if not final:  # the final validation comes after training: its checkpoint keeps the schedule trained with
             self._project_time_limit()
         if self.dist.is_main:

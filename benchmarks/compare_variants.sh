@@ -6,7 +6,7 @@
 # alignment picture. Then the extrapolation check: each position option trained on pairs of <= 20 tokens,
 # scored on the test pairs longer than that.
 #
-#   MULTI30K_DIR=../shared/data/multi30k benchmarks/compare_variants.sh [OUT_DIR]
+#   [MULTI30K_DIR=/path/to/multi30k] benchmarks/compare_variants.sh [OUT_DIR]
 #
 # MINUTES (default 12) sets the training time of each run; the whole script takes about 6 x (MINUTES + 2) minutes.
 # A failed run is reported on stderr and left out of the table; the others go on.

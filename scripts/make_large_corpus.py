@@ -23,7 +23,8 @@ _SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}  # writte
 
 
 def _default_source() -> Path:
-    return Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
+    """``MULTI30K_DIR`` when set, else where the commands put Multi30k (``data/multi30k``)."""
+    return Path(os.environ.get("MULTI30K_DIR", "data/multi30k"))
 
 
 def _read_source(folder: Path, name: str, lang: str) -> bytes:

@@ -21,6 +21,10 @@
 #   benchmarks/gpu_checks.sh decode   # the decoding target: the default job (3 minutes at most), then greedy and
 #                                  # beam 5 on the whole test set, cache on and off, 200 / 512 / 1,000 sentences a
 #                                  # batch, timed on a second pass; one profile of each search
+#   benchmarks/gpu_checks.sh fixed    # greedy in fixed shapes, replayed as CUDA graphs: its gpu tests, operators and
+#                                  # ms a step (decode_step.py), the default job (3 minutes at most), its test set
+#                                  # decoded by both greedy searches (the same lines?), and the decoding benchmark
+#                                  # at 200 / 512 / 1,000 sentences a batch
 #   benchmarks/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a command: 10)
 #   benchmarks/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
@@ -145,6 +149,23 @@ decode)
             "eval.batch_size=$batch" "profile_steps=$profile"
     done
     ;;
+fixed)
+    runs=/tmp/gpu_fixed
+    step fixed_tests timeout 120 python -m pytest -q -m gpu tests/test_fixed_shape.py
+    for width in 16 128; do
+        step "decode_step_$width" timeout 90 python benchmarks/decode_step.py --device cuda --d-model "$width" --rows 512
+    done
+    step default_job timeout 240 python scripts/train.py training.max_minutes=3 "hydra.run.dir=$runs/default_job"
+    for fixed in false true; do
+        step "greedy_fixed_$fixed" timeout 60 python scripts/evaluate.py "run_dir=$runs/default_job" eval=greedy \
+            "eval.fixed_shape=$fixed" "hydra.run.dir=$runs/greedy_fixed_$fixed"
+    done
+    cmp "$runs/greedy_fixed_false/hypotheses.txt" "$runs/greedy_fixed_true/hypotheses.txt" && echo "the same lines"
+    for batch in 200 512 1000; do
+        bench "fixed_$batch" "checkpoint=$runs/default_job/checkpoints/final.pt" train_steps=5 eval.beam_size=5 \
+            "eval.batch_size=$batch"
+    done
+    ;;
 quality)
     data="${2:-multi30k_en_de}"
     step "quality_$data" python scripts/train.py experiment=multi30k_gpu "data=$data" training.max_minutes=8.5 \
@@ -163,7 +184,7 @@ ensemble)
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|quality|ensemble [DATA]" >&2
+    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|fixed|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

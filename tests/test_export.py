@@ -199,6 +199,8 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
     sentences = (toy_corpus / "test.src").read_text().splitlines() + ["   "]
     greedy = from_run.translate(sentences, beam_size=1)
     assert from_export.translate(sentences) == greedy and greedy[-1] == [""]  # the export's own search: greedy
+    fixed_shape = Translator.load(tmp_path / "run", eval_cfg=EvalConfig(beam_size=1, fixed_shape=True))
+    assert fixed_shape.translate(sentences) == greedy
     for norm in (LengthNorm.average, LengthNorm.none):  # beam search: the same hypotheses and scores
         search = EvalConfig(beam_size=4, n_best=1 if norm is LengthNorm.none else 3, length_norm=norm)
         on_run = Translator.load(tmp_path / "run", eval_cfg=search).translate_scored(sentences)

@@ -247,27 +247,27 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     src, _ = load_split(data, data.test_split)
     src = src[: cfg.decode_sentences] if cfg.decode_sentences is not None else src
     rows, profiles = [], []
-    for beam in sorted({1, cfg.eval.beam_size}):
-        for use_cache in (True, False):
-            eval_cfg = replace(cfg.eval, beam_size=beam, n_best=1, use_cache=use_cache)
-            search = "greedy" if beam == 1 else f"beam {beam}"
-            decode = functools.partial(translate, model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
-            if device.type == "cuda":
-                decode()  # untimed: a GPU sets up its kernels (cuDNN plans, cuBLAS handles) per new shape once
-            start = time.perf_counter()
-            hypotheses = decode()
-            _sync(device)
-            seconds = time.perf_counter() - start
-            tokens = sum(len(tgt_tok.encode(h[0])) + 1 for h in hypotheses)
-            rows.append({"search": search, "cache": use_cache,
-                         "sentences": len(src), "seconds": seconds, "sentences_per_s": len(src) / seconds,
-                         "tokens_per_s": tokens / seconds})
-            log.info("decoding %s cache=%s: %.1f sentences/s", search, use_cache, rows[-1]["sentences_per_s"])
-            if cfg.profile_steps:
-                summary, tables = _profiled(decode, device, f"decoding {search}, cache={use_cache}", len(src),
-                                            "sentence")
-                log.info(summary)
-                profiles += [summary, *tables]
+    settings = [(beam, use_cache, False) for beam in sorted({1, cfg.eval.beam_size}) for use_cache in (True, False)]
+    for beam, use_cache, fixed_shape in [*settings, (1, True, True)]:  # and greedy in fixed shapes
+        eval_cfg = replace(cfg.eval, beam_size=beam, n_best=1, use_cache=use_cache, fixed_shape=fixed_shape)
+        search = ("greedy" if beam == 1 else f"beam {beam}") + (", fixed shapes" if fixed_shape else "")
+        decode = functools.partial(translate, model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)
+        if device.type == "cuda":
+            decode()  # untimed: a GPU sets up its kernels (cuDNN plans, cuBLAS handles) per new shape once
+        start = time.perf_counter()
+        hypotheses = decode()
+        _sync(device)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(tgt_tok.encode(h[0])) + 1 for h in hypotheses)
+        rows.append({"search": search, "cache": use_cache,
+                     "sentences": len(src), "seconds": seconds, "sentences_per_s": len(src) / seconds,
+                     "tokens_per_s": tokens / seconds})
+        log.info("decoding %s cache=%s: %.1f sentences/s", search, use_cache, rows[-1]["sentences_per_s"])
+        if cfg.profile_steps:
+            summary, tables = _profiled(decode, device, f"decoding {search}, cache={use_cache}", len(src),
+                                        "sentence")
+            log.info(summary)
+            profiles += [summary, *tables]
     if profiles:
         path = Path(cfg.output_dir) / "profile_decoding.txt"
         files.write_text(path, "\n\n".join(profiles) + "\n")

@@ -198,12 +198,29 @@ class KVCache:
 
 
 @dataclass
+class SlotCache:
+    """Decoder self-attention K/V in preallocated slots: every step has the same shapes (fixed-shape decoding,
+    replayable as a CUDA graph).
+
+    ``key``/``value`` hold ``max_len`` positions per row; a step writes its new position's K/V into slot
+    ``position`` (a one-element long tensor on the device, shared by every layer and advanced by the decoder) and
+    attends over all slots, with a mask that hides the slots not written yet.
+    """
+
+    key: Tensor  # (batch, heads, max_len, d_head)
+    value: Tensor  # (batch, heads, max_len, d_head)
+    position: Tensor  # (1,) long: the slot of the token being fed
+
+    static = False
+
+
+@dataclass
 class AttentionOutput:
     """What :class:`MultiHeadAttention` returns."""
 
     output: Tensor  # (batch, q_len, d_model)
     weights: Tensor | None  # (batch, heads, q_len, k_len) when need_weights
-    cache: KVCache | None  # the (extended) cache when one was given
+    cache: KVCache | SlotCache | None  # the (extended) cache when one was given
 
 
 class MultiHeadAttention(nn.Module):
@@ -292,7 +309,8 @@ class MultiHeadAttention(nn.Module):
         return KVCache(self._split_heads(k), self._split_heads(v), static=True)
 
     def forward(self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None = None,
-                need_weights: bool = False, cache: KVCache | None = None, is_causal: bool = False) -> AttentionOutput:
+                need_weights: bool = False, cache: KVCache | SlotCache | None = None,
+                is_causal: bool = False) -> AttentionOutput:
         """Attend from ``query`` to ``key``/``value`` (self-attention when all three are the same tensor).
 
         Args:
@@ -302,7 +320,9 @@ class MultiHeadAttention(nn.Module):
             mask: bool, True = may attend, broadcastable to (batch, heads, q_len, total_k_len).
             need_weights: return the attention weights (explicit path) instead of the fused kernel.
             cache: a growing self-attention cache (the new K/V are appended and the longer cache is
-                returned) or a static cross-attention cache from :meth:`project_key_value`.
+                returned), a :class:`SlotCache` (the new K/V are written into its slot ``position``, in place,
+                and every slot is attended: ``mask`` must hide the unwritten ones) or a static cross-attention
+                cache from :meth:`project_key_value`.
             is_causal: causal self-attention without a mask (see :func:`scaled_dot_product_attention`).
 
         Returns:
@@ -321,19 +341,28 @@ class MultiHeadAttention(nn.Module):
             q, kv = self._project(query, slice(0, inner)), self.project_key_value(key, value)
             kv.static = False
         q = self._split_heads(q)  # (batch, heads, q_len, d_head)
-        offset = cache.length if cache is not None and not cache.static else 0  # new positions follow the cached
+        offset: int | Tensor = 0  # the position of the first query: new positions follow the cached ones
+        if isinstance(cache, SlotCache):
+            offset = cache.position
+        elif cache is not None and not cache.static:
+            offset = cache.length
         if self.rotary is not None and not kv.static:
             q, kv = self.rotary(q, offset), KVCache(self.rotary(kv.key, offset), kv.value)
-        if cache is not None and not cache.static and cache.length > 0:  # an empty cache adds nothing
+        if isinstance(cache, SlotCache):
+            cache.key.index_copy_(2, cache.position, kv.key)  # q_len must be 1: one slot a step
+            cache.value.index_copy_(2, cache.position, kv.value)
+            kv = KVCache(cache.key, cache.value)
+        elif cache is not None and not cache.static and cache.length > 0:  # an empty cache adds nothing
             kv = KVCache(torch.cat([cache.key, kv.key], dim=2), torch.cat([cache.value, kv.value], dim=2))
         dropout_p = self.dropout if self.training else 0.0
         context, weights = self._attend(q, kv, mask, dropout_p, need_weights, is_causal, offset)
         batch, _, q_len, _ = context.shape
         context = context.transpose(1, 2).reshape(batch, q_len, inner)  # (batch, q_len, inner)
-        return AttentionOutput(self.out_proj(context), weights, kv if cache is not None else None)
+        returned = cache if isinstance(cache, SlotCache) else kv if cache is not None else None
+        return AttentionOutput(self.out_proj(context), weights, returned)
 
     def _attend(self, q: Tensor, kv: KVCache, mask: Tensor | None, dropout_p: float, need_weights: bool,
-                is_causal: bool, offset: int) -> tuple[Tensor, Tensor | None]:
+                is_causal: bool, offset: int | Tensor) -> tuple[Tensor, Tensor | None]:
         """Score ``q`` (batch, heads, q_len, d_head), at positions ``offset …``, against the whole ``kv``.
 
         Returns:

@@ -86,29 +86,39 @@ class Embeddings(nn.Module):
             raise ValueError(f"Embeddings: unknown position kind {positions!r}")
         self.dropout = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
         """Embed ``tokens`` at positions ``offset … offset + seq_len - 1``.
 
         Args:
             tokens: (batch, seq_len) ids.
-            offset: position of the first token (the cache length during incremental decoding).
+            offset: position of the first token (the cache length during incremental decoding); a one-element
+                tensor when the position lives on the device (fixed-shape decoding, whose caller keeps it in range).
 
         Returns:
             (batch, seq_len, d_model).
         """
         seq_len = tokens.size(1)
-        if offset + seq_len > self.max_positions:
+        if isinstance(offset, int) and offset + seq_len > self.max_positions:
             raise ValueError(
                 f"Embeddings: position {offset + seq_len - 1} is beyond model.max_positions={self.max_positions}; "
                 f"shorten the input or raise model.max_positions"
             )
         x = self.token(tokens)  # (batch, seq_len, d_model)
         if self.learned is not None:
-            index = torch.arange(offset, offset + seq_len, device=tokens.device)
-            x = x + self.learned(index)  # (seq_len, d_model) broadcast over batch
-        elif self.sinusoid is not None:
+            x = x + self.learned(positions(offset, seq_len, tokens.device))  # (seq_len, d_model) broadcast over batch
+        elif self.sinusoid is not None and isinstance(offset, int):
             x = x + self.sinusoid[offset : offset + seq_len].to(x.dtype)
+        elif self.sinusoid is not None:
+            x = x + self.sinusoid.index_select(0, positions(offset, seq_len, tokens.device)).to(x.dtype)
         return self.dropout(x)
+
+
+def positions(offset: int | Tensor, length: int, device: torch.device) -> Tensor:
+    """The positions ``offset … offset + length - 1`` as a (length,) long tensor (``offset`` may be a one-element
+    tensor, so no value is read back from the device)."""
+    if isinstance(offset, int):
+        return torch.arange(offset, offset + length, device=device)
+    return torch.arange(length, device=device) + offset
 
 
 class RotaryPositions(nn.Module):
@@ -131,13 +141,17 @@ class RotaryPositions(nn.Module):
         self.register_buffer("cos_sin", torch.stack([angle.cos(), angle.sin()]).float(), persistent=False)
         self.max_positions = max_positions
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Rotate ``x`` (batch, heads, seq_len, d_head) whose positions are ``offset … offset + seq_len - 1``."""
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """Rotate ``x`` (batch, heads, seq_len, d_head) whose positions are ``offset … offset + seq_len - 1``
+        (``offset`` an int or a one-element tensor, as in :meth:`Embeddings.forward`)."""
         seq_len = x.size(-2)
-        if offset + seq_len > self.max_positions:
+        if isinstance(offset, int) and offset + seq_len > self.max_positions:
             raise ValueError(f"RotaryPositions: position {offset + seq_len - 1} is beyond "
                              f"model.max_positions={self.max_positions}")
-        cos, sin = self.cos_sin[:, offset : offset + seq_len].to(x.dtype)  # 2 x (seq_len, half)
+        if isinstance(offset, int):
+            cos, sin = self.cos_sin[:, offset : offset + seq_len].to(x.dtype)  # 2 x (seq_len, half)
+        else:
+            cos, sin = self.cos_sin.index_select(1, positions(offset, seq_len, x.device)).to(x.dtype)
         first, second = x.chunk(2, dim=-1)  # the two coordinates of every pair: (batch, heads, seq_len, half)
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
@@ -157,7 +171,7 @@ class RelativePositions(nn.Module):
         self.table = nn.Parameter(torch.empty(2 * max_distance + 1, d_head))  # row d + max_distance = r_d
         nn.init.normal_(self.table, mean=0.0, std=0.02)
 
-    def forward(self, query: Tensor, k_len: int, offset: int = 0) -> Tensor:
+    def forward(self, query: Tensor, k_len: int, offset: int | Tensor = 0) -> Tensor:
         """The relative score term of ``query`` (batch, heads, q_len, d_head) at positions ``offset …``
         against keys at positions ``0 … k_len - 1``.
 
@@ -165,7 +179,7 @@ class RelativePositions(nn.Module):
             (batch, heads, q_len, k_len): ``q_i · r_{clip(j - i)}``, unscaled.
         """
         batch, heads, q_len, _ = query.shape
-        q_pos = torch.arange(offset, offset + q_len, device=query.device)
+        q_pos = positions(offset, q_len, query.device)
         k_pos = torch.arange(k_len, device=query.device)
         distance = (k_pos[None, :] - q_pos[:, None]).clamp(-self.max_distance, self.max_distance)  # (q_len, k_len)
         per_distance = query @ self.table.to(query.dtype).t()  # (batch, heads, q_len, 2·max_distance + 1)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.config import ConfigError, ModelConfig, NormPosition, PositionKind
-from transformer.model.attention import KVCache
+from transformer.model.attention import KVCache, SlotCache
 from transformer.model.embeddings import Embeddings, TokenEmbedding
 from transformer.model.layers import DecoderLayer, EncoderLayer, LayerSizes
 from transformer.model.masks import cached_decoder_self_mask, decoder_self_mask, padding_mask
@@ -70,11 +70,25 @@ class DecoderCache:
 
 
 @dataclass
+class SlotDecoderCache:
+    """The fixed-shape counterpart of :class:`DecoderCache` (see :class:`~transformer.model.attention.SlotCache`):
+    K/V slots for ``max_len`` target positions per row, written in place; ``position`` is the slot of the token
+    fed next, on the device, advanced by each :meth:`Transformer.decode`. Every step has the same shapes and
+    reads nothing back to the host, so a search can replay it as a CUDA graph. Fed tokens must not be padding.
+    """
+
+    self_attn: list[SlotCache]  # per decoder layer, (batch, heads, max_len, d_head), sharing ``position``
+    cross_attn: list[KVCache]  # per decoder layer, (batch, heads, src_len, d_head), static
+    position: Tensor  # (1,) long
+    slots: Tensor  # (max_len,) long: 0 … max_len - 1, to mask the slots not written yet
+
+
+@dataclass
 class DecoderOutput:
     """What :meth:`Transformer.decode` returns."""
 
     logits: Tensor  # (batch, tgt_len, tgt_vocab)
-    cache: DecoderCache | None
+    cache: DecoderCache | SlotDecoderCache | None
     self_attentions: list[Tensor] | None  # per layer (batch, heads, tgt_len, total_tgt_len)
     cross_attentions: list[Tensor] | None  # per layer (batch, heads, tgt_len, src_len)
 
@@ -127,7 +141,8 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model) if cfg.norm is NormPosition.pre else None
 
     def forward(self, tgt_in: Tensor, memory: Tensor, self_mask: Tensor | None, src_mask: Tensor, *,
-                offset: int = 0, caches: DecoderCache | None = None, need_weights: bool = False,
+                offset: int | Tensor = 0, caches: DecoderCache | SlotDecoderCache | None = None,
+                need_weights: bool = False,
                 causal: bool = False) -> DecoderStates:
         """tgt_in (batch, tgt_len) at positions ``offset…`` -> :class:`DecoderStates`.
 
@@ -235,7 +250,20 @@ class Transformer(nn.Module):
         tgt_valid = torch.zeros(memory.size(0), 0, dtype=torch.bool, device=memory.device)
         return DecoderCache(self_attn, cross, tgt_valid)
 
-    def decode(self, tgt_in: Tensor, encoder_out: EncoderOutput, cache: DecoderCache | None = None,
+    def init_slot_cache(self, encoder_out: EncoderOutput, max_len: int) -> SlotDecoderCache:
+        """A :class:`SlotDecoderCache` for hypotheses of up to ``max_len`` tokens (BOS included), at position 0."""
+        if max_len > self.max_positions:
+            raise ValueError(f"init_slot_cache: max_len={max_len} is beyond model.max_positions={self.max_positions}")
+        memory = encoder_out.memory
+        cross = [layer.cross_attn.project_key_value(memory) for layer in self.decoder.layers]
+        position = torch.zeros(1, dtype=torch.long, device=memory.device)
+        self_attn = []
+        for layer, kv in zip(self.decoder.layers, cross):
+            shape = (memory.size(0), layer.self_attn.n_heads, max_len, layer.self_attn.d_head)
+            self_attn.append(SlotCache(kv.key.new_zeros(shape), kv.value.new_zeros(shape), position))
+        return SlotDecoderCache(self_attn, cross, position, torch.arange(max_len, device=memory.device))
+
+    def decode(self, tgt_in: Tensor, encoder_out: EncoderOutput, cache: DecoderCache | SlotDecoderCache | None = None,
                need_weights: bool = False) -> DecoderOutput:
         """Decoder pass over ``tgt_in`` and the output projection.
 
@@ -244,12 +272,21 @@ class Transformer(nn.Module):
                 padding masks from pad_id). With ``cache``: only the new tokens (usually tgt_len = 1),
                 at positions ``cache.length …``.
             encoder_out: from :meth:`encode` (selected to the same rows as ``cache``).
-            cache: from :meth:`init_cache` or a previous ``decode``; None for a full pass.
+            cache: from :meth:`init_cache` or a previous ``decode``; None for a full pass. Or a
+                :class:`SlotDecoderCache` from :meth:`init_slot_cache` (one token a step, written in place and
+                the position advanced; the same cache object is returned).
             need_weights: return self- and cross-attention weights of every layer.
 
         Returns:
             :class:`DecoderOutput`; its ``cache`` is the extended cache (None when none was given).
         """
+        if isinstance(cache, SlotDecoderCache):
+            self_mask = (cache.slots <= cache.position)[None, None, None, :]  # (1, 1, 1, max_len): written slots
+            states = self.decoder(tgt_in, encoder_out.memory, self_mask, encoder_out.src_mask, offset=cache.position,
+                                  caches=cache, need_weights=need_weights)
+            cache.position.add_(1)
+            return DecoderOutput(self.project(states.hidden), cache, states.self_attentions or None,
+                                 states.cross_attentions or None)
         if cache is None:
             offset, tgt_valid = 0, None
             self_mask = decoder_self_mask(tgt_in, self.pad_id)  # (batch, 1, tgt_len, tgt_len)

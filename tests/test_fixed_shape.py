@@ -1,0 +1,136 @@
+"""Greedy search in fixed shapes (``transformer.inference.fixed_shape``): the hypotheses of the ordinary greedy
+search for every position kind and option, on a trained model too, without reading the device back inside a
+step; on CUDA also replayed as a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from transformer.config import (AttentionScore, ConfigError, EvalConfig, LengthNorm, ModelConfig, NormPosition,
+                                PositionKind)
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.inference.fixed_shape import fixed_shape_greedy
+from transformer.inference.search import greedy_hypotheses, greedy_search, max_lengths
+from transformer.model.transformer import build_model
+
+from test_decoding import REAL, SPECIAL, tiny_model, varied_sources
+from toy_training import reversal_batch
+
+
+def assert_same_hypotheses(fixed, ordinary, tolerance: float = 1e-5) -> None:
+    assert [h.tokens for h in fixed] == [h.tokens for h in ordinary]
+    assert [h.log_prob for h in fixed] == pytest.approx([h.log_prob for h in ordinary], abs=tolerance)
+    assert [h.score for h in fixed] == pytest.approx([h.score for h in ordinary], abs=tolerance)
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 100])
+@pytest.mark.parametrize(("norm", "alpha"), [(LengthNorm.gnmt, 0.6), (LengthNorm.average, 0.0), (LengthNorm.none, 0.0)])
+def test_fixed_shape_greedy_gives_the_ordinary_greedy_hypotheses(check_every: int, norm: LengthNorm,
+                                                                  alpha: float) -> None:
+    model, src = tiny_model(), varied_sources()
+    ordinary = greedy_hypotheses(model, src, length_penalty=alpha, length_norm=norm, **REAL)
+    lengths = {len(h.tokens) for h in ordinary}
+    assert len(lengths) > 3, "needs sentences that end at different steps (some by EOS, some at the limit)"
+    fixed = fixed_shape_greedy(model, src, length_penalty=alpha, length_norm=norm, check_every=check_every, **REAL)
+    assert_same_hypotheses(fixed, ordinary)
+
+
+@pytest.mark.parametrize("option", ["sinusoidal", "learned", "rope", "relative", "none", "post-norm", "multiplicative",
+                                    "free head size"])
+def test_fixed_shape_greedy_covers_every_position_kind_and_option(option: str) -> None:
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                      attention_dropout=0.0, max_positions=64, tie_output=False, share_embeddings=False)
+    if option in {p.value for p in PositionKind}:
+        cfg.positions = PositionKind(option)
+    elif option == "post-norm":
+        cfg.norm = NormPosition.post
+    elif option == "multiplicative":
+        cfg.attention.score = AttentionScore.multiplicative
+    else:
+        cfg.n_heads, cfg.d_head = 3, 10
+    torch.manual_seed(3)
+    model = build_model(cfg, 24, 24, PAD_ID).eval()
+    with torch.no_grad():  # peaky outputs that end at different steps
+        model.output_proj.weight.mul_(3.0)
+        model.output_proj.weight[EOS_ID].mul_(2.0)
+    src = varied_sources()
+    assert_same_hypotheses(fixed_shape_greedy(model, src, **REAL), greedy_hypotheses(model, src, **REAL))
+
+
+@pytest.mark.slow
+def test_fixed_shape_greedy_decodes_the_trained_reversal_model(reversal_model) -> None:
+    src, _, _ = reversal_batch(torch.Generator().manual_seed(7), 50)  # held-out strings
+    expected = [row[row != PAD_ID].flip(0).tolist() for row in src]
+    kwargs = dict(max_len_a=1.0, max_len_b=3, **SPECIAL)
+    fixed = [h.tokens for h in fixed_shape_greedy(reversal_model, src, **kwargs)]
+    assert fixed == greedy_search(reversal_model, src, **kwargs)
+    assert sum(f == e for f, e in zip(fixed, expected)) >= 49
+
+
+class _CountReads(TorchDispatchMode):
+    """Counts the operators that copy a device value to the host (``.item()``, ``bool(tensor)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten._local_scalar_dense, torch.ops.aten.is_nonzero):
+            self.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_steps_read_nothing_back_but_one_flag_every_check_every_steps() -> None:
+    model, src = tiny_model(), varied_sources()
+    limits = max_lengths(src, PAD_ID, REAL["max_len_a"], REAL["max_len_b"])
+    steps = max(limits)
+    # the step at which the last sentence is done: n tokens then EOS take n + 1 steps, n tokens at the limit n
+    last = max(len(h.tokens) + (len(h.tokens) < limit)
+               for h, limit in zip(greedy_hypotheses(model, src, **REAL), limits))
+    assert 4 < last < steps
+
+    def flags_read(check_every: int) -> int:  # a flag after every check_every-th step, until one says done
+        reads = 0
+        for taken in range(check_every, steps, check_every):
+            reads += 1
+            if taken >= last:
+                break
+        return reads
+
+    reads = {}
+    for check_every in (1, 4, steps):
+        counter = _CountReads()
+        with counter:
+            fixed_shape_greedy(model, src, check_every=check_every, **REAL)
+        reads[check_every] = counter.reads
+    assert flags_read(steps) == 0
+    assert reads[1] - reads[steps] == flags_read(1) == last
+    assert reads[4] - reads[steps] == flags_read(4)
+
+
+def test_check_every_must_be_positive_and_the_slots_fit_the_positions() -> None:
+    with pytest.raises(ValueError, match="check_every must be >= 1, got 0"):
+        fixed_shape_greedy(tiny_model(), varied_sources(), check_every=0, **REAL)
+    with pytest.raises(ValueError, match="max_len=65 is beyond model.max_positions=64"):
+        fixed_shape_greedy(tiny_model(), varied_sources(), **{**REAL, "max_len_b": 56})
+    assert len(fixed_shape_greedy(tiny_model(), varied_sources(), max_tgt_len=64, **{**REAL, "max_len_b": 56})) == 6
+
+
+@pytest.mark.parametrize(("overrides", "got"), [(dict(beam_size=5), "got 5 and true"),
+                                                (dict(beam_size=1, use_cache=False), "got 1 and false")])
+def test_eval_fixed_shape_is_refused_by_key_beside_beam_search_or_no_cache(overrides: dict, got: str) -> None:
+    with pytest.raises(ConfigError, match=f"eval.fixed_shape: is greedy search with the cache: .*{got}"):
+        EvalConfig(fixed_shape=True, **overrides)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_graph_replays_the_eager_fixed_shape_search_on_a_gpu() -> None:
+    model, src = tiny_model().cuda(), varied_sources().cuda()
+    ordinary = greedy_hypotheses(model, src, length_penalty=0.6, length_norm=LengthNorm.gnmt, **REAL)
+    for cuda_graph in (False, True):
+        fixed = fixed_shape_greedy(model, src, length_penalty=0.6, length_norm=LengthNorm.gnmt, cuda_graph=cuda_graph,
+                                   **REAL)
+        assert_same_hypotheses(fixed, ordinary, tolerance=1e-4)

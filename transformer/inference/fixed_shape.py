@@ -39,8 +39,8 @@ def fixed_shape_greedy(model: Transformer, src: Tensor, *, pad_id: int, bos_id: 
     """Arg-max decoding of a batch, every step in the same shapes (see the module docstring).
 
     Args:
-        src: (batch, src_len) source ids padded with ``pad_id``.
-        max_len_a, max_len_b, max_tgt_len, length_penalty, length_norm: as for ``greedy_hypotheses``.
+        src: (batch, src_len) source ids padded with ``pad_id``; the other search settings (``max_len_a``,
+            ``max_len_b``, ``max_tgt_len``, ``length_penalty``, ``length_norm``) are those of ``greedy_hypotheses``.
         check_every: steps between the host's looks at whether every sentence is done.
         cuda_graph: replay the step as a CUDA graph; None: when ``src`` is on a CUDA device.
 

@@ -1,5 +1,5 @@
-"""Operators and milliseconds per decoding step: the ordinary greedy and beam searches against greedy in fixed
-shapes (eager, and replayed as a CUDA graph on a GPU).
+"""Operators and milliseconds per decoding step: the ordinary greedy and beam searches against the same searches in
+fixed shapes (eager, and replayed as CUDA graphs on a GPU).
 
     python benchmarks/decode_step.py [--device cpu|cuda] [--d-model 16] [--rows 64] [--threads 2]
 
@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.config import LengthNorm, ModelConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer.inference.fixed_shape import fixed_shape_greedy
+from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
 from transformer.inference.search import beam_search, greedy_hypotheses
 from transformer.model.transformer import build_model
 
@@ -88,10 +88,17 @@ def main() -> None:
         "beam 5": lambda limit: beam_search(model, src, beam_size=5, n_best=1, length_penalty=1.5,
                                             length_norm=LengthNorm.gnmt, max_len_b=limit,
                                             **special),
+        "beam 5, fixed shapes, eager": lambda limit: fixed_shape_beam(model, src, beam_size=5, n_best=1,
+                                                                      length_penalty=1.5, length_norm=LengthNorm.gnmt,
+                                                                      max_len_b=limit, check_every=LONG,
+                                                                      cuda_graph=False, **special),
     }
     if device.type == "cuda":
         searches["greedy, fixed shapes, CUDA graph"] = lambda limit: fixed_shape_greedy(
             model, src, max_len_b=limit, check_every=LONG, cuda_graph=True, **special)
+        searches["beam 5, fixed shapes, CUDA graph"] = lambda limit: fixed_shape_beam(
+            model, src, beam_size=5, n_best=1, length_penalty=1.5, length_norm=LengthNorm.gnmt, max_len_b=limit,
+            check_every=LONG, cuda_graph=True, **special)
     print(f"d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {args.rows} sentences, "
           f"{device.type}" + (f", {args.threads} threads" if device.type == "cpu" else ""))
     print("\n| search | operators a step | ms a step |\n| --- | --- | --- |")

@@ -21,10 +21,10 @@
 #   benchmarks/gpu_checks.sh decode   # the decoding target: the default job (3 minutes at most), then greedy and
 #                                  # beam 5 on the whole test set, cache on and off, 200 / 512 / 1,000 sentences a
 #                                  # batch, timed on a second pass; one profile of each search
-#   benchmarks/gpu_checks.sh fixed    # greedy in fixed shapes, replayed as CUDA graphs: its gpu tests, operators and
-#                                  # ms a step (decode_step.py), the default job (3 minutes at most), its test set
-#                                  # decoded by both greedy searches (the same lines?), and the decoding benchmark
-#                                  # at 200 / 512 / 1,000 sentences a batch
+#   benchmarks/gpu_checks.sh fixed    # the searches in fixed shapes, replayed as CUDA graphs: their gpu tests,
+#                                  # operators and ms a step (decode_step.py), the default job (3 minutes at most),
+#                                  # its test set decoded greedy and beam 5 both ways (the same lines?), and the
+#                                  # decoding benchmark at 200 / 512 / 1,000 sentences a batch
 #   benchmarks/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a command: 10)
 #   benchmarks/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
@@ -156,11 +156,15 @@ fixed)
         step "decode_step_$width" timeout 90 python benchmarks/decode_step.py --device cuda --d-model "$width" --rows 512
     done
     step default_job timeout 240 python scripts/train.py training.max_minutes=3 "hydra.run.dir=$runs/default_job"
-    for fixed in false true; do
-        step "greedy_fixed_$fixed" timeout 60 python scripts/evaluate.py "run_dir=$runs/default_job" eval=greedy \
-            "eval.fixed_shape=$fixed" "hydra.run.dir=$runs/greedy_fixed_$fixed"
+    for search in greedy beam; do
+        beam=$([[ $search == greedy ]] && echo 1 || echo 5)
+        for fixed in false true; do
+            step "${search}_fixed_$fixed" timeout 60 python scripts/evaluate.py "run_dir=$runs/default_job" \
+                "eval.beam_size=$beam" "eval.fixed_shape=$fixed" "hydra.run.dir=$runs/${search}_fixed_$fixed"
+        done
+        cmp "$runs/${search}_fixed_false/hypotheses.txt" "$runs/${search}_fixed_true/hypotheses.txt" &&
+            echo "$search: the same lines"
     done
-    cmp "$runs/greedy_fixed_false/hypotheses.txt" "$runs/greedy_fixed_true/hypotheses.txt" && echo "the same lines"
     for batch in 200 512 1000; do
         bench "fixed_$batch" "checkpoint=$runs/default_job/checkpoints/final.pt" train_steps=5 eval.beam_size=5 \
             "eval.batch_size=$batch"

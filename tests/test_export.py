@@ -205,6 +205,10 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
         search = EvalConfig(beam_size=4, n_best=1 if norm is LengthNorm.none else 3, length_norm=norm)
         on_run = Translator.load(tmp_path / "run", eval_cfg=search).translate_scored(sentences)
         on_export = Translator.load(tmp_path / "exported", eval_cfg=search).translate_scored(sentences)
+        fixed_shape = EvalConfig(**{**search.__dict__, "fixed_shape": True})
+        _same([[(t.text, t.score) for t in nbest] for nbest in on_run],
+              [[(t.text, t.score) for t in nbest] for nbest in
+               Translator.load(tmp_path / "run", eval_cfg=fixed_shape).translate_scored(sentences)])
         _same([[(t.text, t.score) for t in nbest] for nbest in on_run],
               [[(t.text, t.score) for t in nbest] for nbest in on_export])
         assert [len(nbest) for nbest in on_run] == [search.n_best] * len(sentences)

@@ -1,6 +1,6 @@
-"""Greedy search in fixed shapes (``transformer.inference.fixed_shape``): the hypotheses of the ordinary greedy
-search for every position kind and option, on a trained model too, without reading the device back inside a
-step; on CUDA also replayed as a CUDA graph."""
+"""Greedy and beam search in fixed shapes (``transformer.inference.fixed_shape``): the hypotheses of the ordinary
+searches for every position kind and option, length normalisation and n-best, on a trained model too, without
+reading the device back inside a step; on CUDA also replayed as a CUDA graph."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformer.config import (AttentionScore, ConfigError, EvalConfig, LengthNorm, ModelConfig, NormPosition,
                                 PositionKind)
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer.inference.fixed_shape import fixed_shape_greedy
-from transformer.inference.search import greedy_hypotheses, greedy_search, max_lengths
+from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
+from transformer.inference.search import beam_search, greedy_hypotheses, greedy_search, max_lengths
 from transformer.model.transformer import build_model
 
 from test_decoding import REAL, SPECIAL, tiny_model, varied_sources
@@ -59,6 +59,50 @@ def test_fixed_shape_greedy_covers_every_position_kind_and_option(option: str) -
     assert_same_hypotheses(fixed_shape_greedy(model, src, **REAL), greedy_hypotheses(model, src, **REAL))
 
 
+def assert_same_nbest(fixed, ordinary, tolerance: float = 1e-5) -> None:
+    assert [[h.tokens for h in hyps] for hyps in fixed] == [[h.tokens for h in hyps] for hyps in ordinary]
+    for f, o in zip(fixed, ordinary):
+        assert [h.score for h in f] == pytest.approx([h.score for h in o], abs=tolerance)
+        assert [h.log_prob for h in f] == pytest.approx([h.log_prob for h in o], abs=tolerance)
+
+
+@pytest.mark.parametrize(("beam", "n_best"), [(1, 1), (3, 2), (4, 4), (40, 5)])
+@pytest.mark.parametrize(("norm", "alpha"), [(LengthNorm.gnmt, 0.6), (LengthNorm.gnmt, 1.5), (LengthNorm.average, 0.0),
+                                             (LengthNorm.none, 0.0)])
+def test_fixed_shape_beam_gives_the_ordinary_beam_hypotheses(beam: int, n_best: int, norm: LengthNorm,
+                                                             alpha: float) -> None:
+    model, src = tiny_model(), varied_sources()
+    kwargs = dict(beam_size=beam, n_best=n_best, length_penalty=alpha, length_norm=norm, **REAL)
+    ordinary = beam_search(model, src, **kwargs)
+    assert len({len(hyps[0].tokens) for hyps in ordinary}) > 2
+    assert_same_nbest(fixed_shape_beam(model, src, check_every=3, **kwargs), ordinary)
+
+
+def test_fixed_shape_beam_with_a_vocabulary_smaller_than_two_beams() -> None:
+    model, src = tiny_model(tgt_vocab=6), torch.tensor([[7, 9, 11], [5, 0, 0]])
+    kwargs = dict(beam_size=4, n_best=4, length_penalty=1.0, length_norm=LengthNorm.gnmt, max_len_a=0.0, max_len_b=3,
+                  **SPECIAL)
+    assert_same_nbest(fixed_shape_beam(model, src, **kwargs), beam_search(model, src, **kwargs))
+
+
+@pytest.mark.parametrize("option", ["rope", "relative", "free head size"])
+def test_fixed_shape_beam_covers_positions_inside_attention_and_a_free_head_size(option: str) -> None:
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
+                      attention_dropout=0.0, max_positions=64, tie_output=False, share_embeddings=False)
+    if option == "free head size":
+        cfg.n_heads, cfg.d_head = 3, 10
+    else:
+        cfg.positions = PositionKind(option)
+    torch.manual_seed(4)
+    model = build_model(cfg, 24, 24, PAD_ID).eval()
+    with torch.no_grad():
+        model.output_proj.weight.mul_(3.0)
+        model.output_proj.weight[EOS_ID].mul_(2.0)
+    src = varied_sources()
+    kwargs = dict(beam_size=4, n_best=2, length_penalty=1.5, length_norm=LengthNorm.gnmt, **REAL)
+    assert_same_nbest(fixed_shape_beam(model, src, **kwargs), beam_search(model, src, **kwargs))
+
+
 @pytest.mark.slow
 def test_fixed_shape_greedy_decodes_the_trained_reversal_model(reversal_model) -> None:
     src, _, _ = reversal_batch(torch.Generator().manual_seed(7), 50)  # held-out strings
@@ -67,6 +111,10 @@ def test_fixed_shape_greedy_decodes_the_trained_reversal_model(reversal_model) -
     fixed = [h.tokens for h in fixed_shape_greedy(reversal_model, src, **kwargs)]
     assert fixed == greedy_search(reversal_model, src, **kwargs)
     assert sum(f == e for f, e in zip(fixed, expected)) >= 49
+    beams = dict(beam_size=4, n_best=2, length_penalty=0.6, length_norm=LengthNorm.gnmt, **kwargs)
+    fixed_beams = fixed_shape_beam(reversal_model, src, **beams)
+    assert_same_nbest(fixed_beams, beam_search(reversal_model, src, **beams), tolerance=1e-4)
+    assert sum(b[0].tokens == e for b, e in zip(fixed_beams, expected)) >= 49
 
 
 class _CountReads(TorchDispatchMode):
@@ -110,6 +158,24 @@ def test_the_steps_read_nothing_back_but_one_flag_every_check_every_steps() -> N
     assert reads[4] - reads[steps] == flags_read(4)
 
 
+def test_beam_steps_read_nothing_back_but_the_done_flag(monkeypatch) -> None:
+    model, src = tiny_model(), varied_sources()
+    steps = max(max_lengths(src, PAD_ID, REAL["max_len_a"], REAL["max_len_b"]))
+    kwargs = dict(beam_size=3, n_best=2, length_penalty=0.6, length_norm=LengthNorm.gnmt, **REAL)
+    decode, calls = model.decode, []
+    monkeypatch.setattr(model, "decode", lambda *args, **kw: calls.append(1) or decode(*args, **kw))
+    reads = {}
+    for check_every in (1, steps):
+        calls.clear()
+        counter = _CountReads()
+        with counter:
+            fixed_shape_beam(model, src, check_every=check_every, **kwargs)
+        reads[check_every] = (counter.reads, len(calls))
+    assert reads[steps][1] == steps  # never asked: every step runs
+    flags, taken = reads[1][0] - reads[steps][0], reads[1][1]
+    assert 1 < taken < steps and flags == taken  # asked after every step, it stops at the first "done"
+
+
 def test_check_every_must_be_positive_and_the_slots_fit_the_positions() -> None:
     with pytest.raises(ValueError, match="check_every must be >= 1, got 0"):
         fixed_shape_greedy(tiny_model(), varied_sources(), check_every=0, **REAL)
@@ -118,19 +184,21 @@ def test_check_every_must_be_positive_and_the_slots_fit_the_positions() -> None:
     assert len(fixed_shape_greedy(tiny_model(), varied_sources(), max_tgt_len=64, **{**REAL, "max_len_b": 56})) == 6
 
 
-@pytest.mark.parametrize(("overrides", "got"), [(dict(beam_size=5), "got 5 and true"),
-                                                (dict(beam_size=1, use_cache=False), "got 1 and false")])
-def test_eval_fixed_shape_is_refused_by_key_beside_beam_search_or_no_cache(overrides: dict, got: str) -> None:
-    with pytest.raises(ConfigError, match=f"eval.fixed_shape: is greedy search with the cache: .*{got}"):
-        EvalConfig(fixed_shape=True, **overrides)
+def test_eval_fixed_shape_without_the_cache_is_refused_by_key() -> None:
+    with pytest.raises(ConfigError, match="eval.fixed_shape: runs on the decoder's cache: set eval.use_cache=true"):
+        EvalConfig(fixed_shape=True, use_cache=False)
+    assert EvalConfig(fixed_shape=True, beam_size=5).fixed_shape
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_cuda_graph_replays_the_eager_fixed_shape_search_on_a_gpu() -> None:
+def test_the_cuda_graphs_replay_the_fixed_shape_searches_on_a_gpu() -> None:
     model, src = tiny_model().cuda(), varied_sources().cuda()
     ordinary = greedy_hypotheses(model, src, length_penalty=0.6, length_norm=LengthNorm.gnmt, **REAL)
+    beams = dict(beam_size=4, n_best=2, length_penalty=1.5, length_norm=LengthNorm.gnmt, **REAL)
+    ordinary_beams = beam_search(model, src, **beams)
     for cuda_graph in (False, True):
         fixed = fixed_shape_greedy(model, src, length_penalty=0.6, length_norm=LengthNorm.gnmt, cuda_graph=cuda_graph,
                                    **REAL)
         assert_same_hypotheses(fixed, ordinary, tolerance=1e-4)
+        assert_same_nbest(fixed_shape_beam(model, src, cuda_graph=cuda_graph, **beams), ordinary_beams, tolerance=1e-4)

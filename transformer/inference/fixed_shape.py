@@ -20,6 +20,7 @@ float rounding, since attention runs over every slot with the unwritten ones mas
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from transformer.config import LengthNorm
 from transformer.inference.search import Hypothesis, _finalize, max_lengths
-from transformer.model.transformer import Transformer
+from transformer.model.transformer import Transformer, select_encoder_output
 
 
 @torch.inference_mode()
@@ -53,9 +54,7 @@ def fixed_shape_greedy(model: Transformer, src: Tensor, *, pad_id: int, bos_id: 
     steps, rows, device = max(limits), src.size(0), src.device
     enc = model.encode(src)
     cache = model.init_slot_cache(enc, steps)
-    vocab = model.output_layer()[0].size(0)
-    banned = torch.zeros(vocab, device=device)  # PAD and BOS are never generated
-    banned[[pad_id, bos_id]] = -math.inf
+    banned = _banned(model, pad_id, bos_id, device)
     token = torch.full((rows, 1), bos_id, dtype=torch.long, device=device)  # fed at the next step
     tokens = torch.full((rows, steps + 1), pad_id, dtype=torch.long, device=device)  # column ``steps``: a bin
     length = torch.zeros(rows, dtype=torch.long, device=device)  # tokens kept so far (EOS not counted)
@@ -79,24 +78,168 @@ def fixed_shape_greedy(model: Transformer, src: Tensor, *, pad_id: int, bos_id: 
         done.logical_or_(finishing)
         token.copy_(best[:, None])
 
-    step()  # the first step runs eagerly: on a GPU it also warms up what the graph will need
-    use_graph = device.type == "cuda" if cuda_graph is None else cuda_graph
-    replay = _captured(step, device) if use_graph and steps > 1 else step
-    for taken in range(1, steps):
-        if taken % check_every == 0 and bool(done.all()):
-            break
-        replay()
+    _run(step, steps, done, check_every, cuda_graph, device)
     lengths, log_probs, by_eos = length.tolist(), summed.tolist(), ended.tolist()
     ids = tokens.tolist()
     return [_finalize(ids[row][: lengths[row]], log_probs[row], by_eos[row], length_penalty, length_norm)
             for row in range(rows)]
 
 
+@torch.inference_mode()
+def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best: int, length_penalty: float,
+                     length_norm: LengthNorm, pad_id: int, bos_id: int, eos_id: int, max_len_a: float,
+                     max_len_b: float, max_tgt_len: int | None = None, check_every: int = 8,
+                     cuda_graph: bool | None = None) -> list[list[Hypothesis]]:
+    """Beam search of a batch, every step in the same shapes: the rules of
+    :func:`~transformer.inference.search.beam_search`, kept on the device.
+
+    Each sentence keeps its ``beam_size`` best finished hypotheses (by normalized score) and how many it has
+    finished in all, which is all that the stopping rule and the ``n_best`` result need; a sentence that is done
+    has its alive hypotheses set to -inf, so it expands to nothing and finishes nothing more.
+
+    Args:
+        src: (batch, src_len) source ids padded with ``pad_id``; the search settings are ``beam_search``'s.
+        check_every, cuda_graph: as for :func:`fixed_shape_greedy`.
+
+    Returns:
+        For each sentence its ``n_best`` hypotheses, best (highest ``score``) first.
+    """
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"fixed_shape_beam: n_best must be in [1, beam_size={beam_size}], got {n_best}")
+    if check_every < 1:
+        raise ValueError(f"fixed_shape_beam: check_every must be >= 1, got {check_every}")
+    alpha, norm, beam, device = length_penalty, length_norm, beam_size, src.device
+    limits = max_lengths(src, pad_id, max_len_a, max_len_b, max_tgt_len)
+    steps, batch = max(limits), src.size(0)
+    enc = select_encoder_output(model.encode(src), torch.arange(batch, device=device).repeat_interleave(beam))
+    cache = model.init_slot_cache(enc, steps)
+    banned = _banned(model, pad_id, bos_id, device)
+    vocab = banned.numel()
+    k = min(2 * beam, beam * vocab)
+    first_row = torch.arange(batch, device=device)[:, None] * beam  # (batch, 1): each sentence's first row
+    rank = torch.arange(k, device=device).expand(batch, k)  # (batch, k)
+    token = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)  # fed at the next step
+    alive = torch.full((batch, beam), -math.inf, device=device)  # cumulative log-probs; -inf: an empty slot
+    alive[:, 0] = 0.0  # one live hypothesis per sentence at first, so the beam holds no duplicates
+    history = torch.full((batch * beam, steps), pad_id, dtype=torch.long, device=device)  # alive tokens
+    limit = torch.tensor(limits, dtype=torch.long, device=device)  # (batch,)
+    bound = _penalty(limit, alpha, norm)  # (batch,) no continuation's score exceeds its log-prob over this
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    n_finished = torch.zeros(batch, dtype=torch.long, device=device)
+    finished = _Finished.empty(batch, beam, steps, pad_id, device)
+
+    def step() -> None:
+        logits = model.decode(token, enc, cache).logits[:, -1].float() + banned  # (rows, vocab)
+        total = alive.unsqueeze(-1) + F.log_softmax(logits, dim=-1).view(batch, beam, vocab)
+        cand_log_prob, flat = total.view(batch, beam * vocab).topk(k, dim=1)  # (batch, k) each
+        cand_parent, cand_token = torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
+        is_eos = cand_token == eos_id
+        finishing = is_eos & (rank < beam) & torch.isfinite(cand_log_prob)  # EOS among the beam best
+        generated = cache.position  # (1,): tokens generated so far, this step's included (decode advanced it)
+        penalty = _penalty(generated, alpha, norm)  # the length counts the EOS, or is the limit
+        n_finished.add_(finishing.sum(dim=1))
+        parent_tokens = history.index_select(0, (first_row + cand_parent).flatten()).view(batch, k, steps)
+        finished.merge(torch.where(finishing, cand_log_prob.double() / penalty, -math.inf), cand_log_prob,
+                       parent_tokens, generated - 1, True)
+        order = torch.argsort(rank + is_eos.long() * k, dim=1)[:, :beam]  # the beam best that do not end
+        new_token, log_prob = cand_token.gather(1, order), cand_log_prob.gather(1, order)
+        log_prob = log_prob.masked_fill(new_token == eos_id, -math.inf)  # EOS only as filler: an empty slot
+        rows = (first_row + cand_parent.gather(1, order)).flatten()  # (rows,) the parent of each new row
+        history.copy_(history.index_select(0, rows))
+        history.index_copy_(1, generated - 1, new_token.view(-1, 1))
+        for layer in cache.self_attn:
+            layer.key.copy_(layer.key.index_select(0, rows))
+            layer.value.copy_(layer.value.index_select(0, rows))
+        token.copy_(new_token.view(-1, 1))
+        at_limit = (generated >= limit) & ~done  # (batch,): the alive hypotheses finish as they are
+        joining = at_limit[:, None] & torch.isfinite(log_prob)
+        n_finished.add_(joining.sum(dim=1))
+        finished.merge(torch.where(joining, log_prob.double() / penalty, -math.inf), log_prob,
+                       history.view(batch, beam, steps), generated, False)
+        alive_best = log_prob.max(dim=1).values.double()  # (batch,)
+        cannot_win = torch.where(n_finished < n_best, alive_best == -math.inf,
+                                 finished.score[:, n_best - 1] >= alive_best / bound)
+        if norm is not LengthNorm.none:  # a beam full of finished hypotheses also ends a sentence
+            cannot_win = cannot_win | (n_finished >= beam)
+        done.logical_or_(at_limit | cannot_win)
+        alive.copy_(log_prob.masked_fill(done[:, None], -math.inf))
+
+    _run(step, steps, done, check_every, cuda_graph, device)
+    return finished.hypotheses(n_best, alpha, norm)
+
+
+@dataclass
+class _Finished:
+    """The ``beam`` best finished hypotheses of each sentence, best first (-inf scores: empty slots)."""
+
+    score: Tensor  # (batch, beam) float64
+    log_prob: Tensor  # (batch, beam) float32
+    tokens: Tensor  # (batch, beam, steps)
+    length: Tensor  # (batch, beam) long: tokens without EOS
+    ended: Tensor  # (batch, beam) bool: by EOS
+
+    @classmethod
+    def empty(cls, batch: int, beam: int, steps: int, pad_id: int, device: torch.device) -> _Finished:
+        return cls(torch.full((batch, beam), -math.inf, dtype=torch.float64, device=device),
+                   torch.zeros(batch, beam, device=device),
+                   torch.full((batch, beam, steps), pad_id, dtype=torch.long, device=device),
+                   torch.zeros(batch, beam, dtype=torch.long, device=device),
+                   torch.zeros(batch, beam, dtype=torch.bool, device=device))
+
+    def merge(self, score: Tensor, log_prob: Tensor, tokens: Tensor, length: Tensor, ended: bool) -> None:
+        """Keep the best of these and the candidates (batch, c) whose score is not -inf, in place."""
+        batch, beam = self.score.shape
+        c = score.size(1)
+        best, pick = torch.cat([self.score, score], dim=1).topk(beam, dim=1)  # (batch, beam)
+        self.score.copy_(best)
+        self.log_prob.copy_(torch.cat([self.log_prob, log_prob], dim=1).gather(1, pick))
+        steps = self.tokens.size(2)
+        self.tokens.copy_(torch.cat([self.tokens, tokens], dim=1).gather(1, pick[..., None].expand(batch, beam, steps)))
+        self.length.copy_(torch.cat([self.length, length.expand(batch, c)], dim=1).gather(1, pick))
+        self.ended.copy_(torch.cat([self.ended, torch.full_like(self.ended[:, :1], ended).expand(batch, c)],
+                                   dim=1).gather(1, pick))
+
+    def hypotheses(self, n_best: int, alpha: float, norm: LengthNorm) -> list[list[Hypothesis]]:
+        """The ``n_best`` best of each sentence, read back once."""
+        scores, log_probs, tokens = self.score.tolist(), self.log_prob.tolist(), self.tokens.tolist()
+        lengths, ended = self.length.tolist(), self.ended.tolist()
+        return [[_finalize(tokens[i][j][: lengths[i][j]], log_probs[i][j], ended[i][j], alpha, norm)
+                 for j in range(n_best) if scores[i][j] > -math.inf] for i in range(len(scores))]
+
+
+def _penalty(length: Tensor, alpha: float, norm: LengthNorm) -> Tensor:
+    """:func:`~transformer.inference.search.length_penalty` of a tensor of lengths, in float64."""
+    length = length.double().clamp(min=1)
+    if norm is LengthNorm.gnmt:
+        return ((5.0 + length) / 6.0) ** alpha
+    return length if norm is LengthNorm.average else torch.ones_like(length)
+
+
+def _banned(model: Transformer, pad_id: int, bos_id: int, device: torch.device) -> Tensor:
+    """(vocab,) 0, and -inf at PAD and BOS, which are never generated: added to the logits."""
+    banned = torch.zeros(model.output_layer()[0].size(0), device=device)
+    banned[[pad_id, bos_id]] = -math.inf
+    return banned
+
+
+def _run(step: Callable[[], None], steps: int, done: Tensor, check_every: int, cuda_graph: bool | None,
+         device: torch.device) -> None:
+    """Up to ``steps`` steps: the first eagerly (on a GPU it also warms up what the graph will need), the others
+    replayed from a CUDA graph where asked (None: on CUDA); the host reads ``done.all()`` every ``check_every``."""
+    step()
+    use_graph = device.type == "cuda" if cuda_graph is None else cuda_graph
+    replay = _captured(step, device) if use_graph and steps > 1 else step
+    for taken in range(1, steps):
+        if taken % check_every == 0 and bool(done.all()):
+            break
+        replay()
+
+
 def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
     """``step`` captured as a CUDA graph; returns its replay. Capture records the kernels without running them,
     so the state the step updates is untouched until the first replay."""
     if device.type != "cuda":
-        raise ValueError(f"fixed_shape_greedy: a CUDA graph needs a CUDA device, got {device}")
+        raise ValueError(f"fixed-shape search: a CUDA graph needs a CUDA device, got {device}")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.device(device), torch.cuda.graph(graph):
         step()

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from transformer.config import ConfigError, EvalConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.inference.ensemble import Ensemble, select_ensemble_encoder
-from transformer.inference.fixed_shape import fixed_shape_greedy
+from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
 from transformer.inference.metrics import Scores, corpus_scores
 from transformer.inference.search import Decoder, Hypothesis, beam_search, greedy_hypotheses
 from transformer.model.transformer import Transformer, select_encoder_output
@@ -112,10 +112,11 @@ def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, ma
     if cfg.fixed_shape:
         if not isinstance(model, Transformer):
             raise ConfigError("eval.fixed_shape: decodes one model, not an ensemble; set eval.fixed_shape=false")
-        return [[h] for h in fixed_shape_greedy(model, src, pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id,
-                                                eos_id=tgt_tok.eos_id, max_len_a=cfg.max_len_a,
-                                                max_len_b=cfg.max_len_b, max_tgt_len=max_tgt_len,
-                                                length_penalty=cfg.length_penalty, length_norm=cfg.length_norm)]
+        fixed = {key: common[key] for key in ("pad_id", "bos_id", "eos_id", "max_len_a", "max_len_b", "max_tgt_len",
+                                              "length_penalty", "length_norm")}
+        if cfg.beam_size == 1:
+            return [[h] for h in fixed_shape_greedy(model, src, **fixed)]
+        return fixed_shape_beam(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, **fixed)
     if cfg.beam_size == 1:
         drop_finished_at = 0.25 if src.device.type == "cuda" else 0.0
         return [[h] for h in greedy_hypotheses(model, src, drop_finished_at=drop_finished_at, **common)]

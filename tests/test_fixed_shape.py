@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_decoding import REAL, SPECIAL, tiny_model, varied_sources
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from transformer.config import (AttentionScore, ConfigError, EvalConfig, LengthNorm, ModelConfig, NormPosition,
-                                PositionKind)
+from transformer.config import (
+    AttentionScore,
+    ConfigError,
+    EvalConfig,
+    LengthNorm,
+    ModelConfig,
+    NormPosition,
+    PositionKind,
+)
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
 from transformer.inference.search import beam_search, greedy_hypotheses, greedy_search, max_lengths
 from transformer.model.transformer import build_model
 
-from test_decoding import REAL, SPECIAL, tiny_model, varied_sources
 from toy_training import reversal_batch
 
 
@@ -38,7 +45,7 @@ def test_fixed_shape_greedy_gives_the_ordinary_greedy_hypotheses(check_every: in
 
 
 @pytest.mark.parametrize("option", ["sinusoidal", "learned", "rope", "relative", "none", "post-norm", "multiplicative",
-                                    "free head size"])
+                                    "additive", "free head size"])
 def test_fixed_shape_greedy_covers_every_position_kind_and_option(option: str) -> None:
     cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0,
                       attention_dropout=0.0, max_positions=64, tie_output=False, share_embeddings=False)
@@ -46,8 +53,8 @@ def test_fixed_shape_greedy_covers_every_position_kind_and_option(option: str) -
         cfg.positions = PositionKind(option)
     elif option == "post-norm":
         cfg.norm = NormPosition.post
-    elif option == "multiplicative":
-        cfg.attention.score = AttentionScore.multiplicative
+    elif option in ("multiplicative", "additive"):
+        cfg.attention.score = AttentionScore(option)
     else:
         cfg.n_heads, cfg.d_head = 3, 10
     torch.manual_seed(3)

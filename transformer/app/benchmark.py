@@ -8,8 +8,9 @@ Measured in one process, written as ``benchmark.json`` and ``benchmark.md`` in t
 - the machine's sustained matmul FLOP/s (fp32 on CPU, bf16 on CUDA) at the same thread count, the model's
   training FLOPs per target token, and so the model FLOP utilisation (useful FLOPs on real tokens only);
 - decoding of the test split: sentences/s and tokens/s for greedy and beam search, with and without the
-  KV cache and in fixed shapes (``eval.fixed_shape``), on a GPU each timed on a second pass over the sentences (``checkpoint=`` decodes with a trained
-  model; otherwise a random one, whose hypotheses run to the maximum length);
+  KV cache and in fixed shapes (``eval.fixed_shape``), on a GPU each timed on a second pass over the sentences
+  (``checkpoint=`` decodes with a trained model; otherwise a random one, whose hypotheses run to the maximum
+  length);
 - peak memory (RSS on CPU, ``torch.cuda.max_memory_allocated`` on CUDA);
 - with ``profile_steps``, a ``torch.profiler`` table of a few more training steps (``profile.txt``): operator
   calls and GPU kernels per step, where the host time goes and how long the GPU is busy (for steps replayed from
@@ -247,9 +248,10 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     src, _ = load_split(data, data.test_split)
     src = src[: cfg.decode_sentences] if cfg.decode_sentences is not None else src
     rows, profiles = [], []
-    beams = sorted({1, cfg.eval.beam_size})
-    settings = [(beam, use_cache, False) for beam in beams for use_cache in (True, False)]
-    for beam, use_cache, fixed_shape in [*settings, *((beam, True, True) for beam in beams)]:  # and fixed shapes
+    widths = sorted({1, cfg.eval.beam_size})
+    settings = [(width, use_cache, False) for width in widths for use_cache in (True, False)]
+    settings += [(width, True, True) for width in widths]  # and in fixed shapes
+    for beam, use_cache, fixed_shape in settings:
         eval_cfg = replace(cfg.eval, beam_size=beam, n_best=1, use_cache=use_cache, fixed_shape=fixed_shape)
         search = ("greedy" if beam == 1 else f"beam {beam}") + (", fixed shapes" if fixed_shape else "")
         decode = functools.partial(translate, model, src, src_tok, tgt_tok, eval_cfg, device, model.max_positions)

@@ -1,20 +1,22 @@
-"""Greedy search in fixed shapes: no host work per step, and on a GPU one CUDA-graph replay a step.
+"""Greedy and beam search in fixed shapes: no host work per step, and on a GPU one CUDA-graph replay a step.
 
-:func:`~transformer.inference.search.greedy_hypotheses` reads every step's tokens back to the host and drops
+The searches of :mod:`transformer.inference.search` read every step's decisions back to the host and drop
 finished sentences from the batch. That suits a CPU, where a step costs what its rows cost. On a GPU a small
-model's step is bound by the host: launching its ~200 operators takes longer than running them, and each read
-back waits for the device. Here every step has the same shapes and stays on the device:
+model's step is bound by the host: dispatching its 200 – 300 operators takes longer than running them, and each
+read back waits for the device. Here every step has the same shapes and stays on the device:
 
 - the decoder's keys and values live in preallocated slots (:class:`~transformer.model.transformer.SlotDecoderCache`),
   written in place at a position held on the device;
-- finished rows stay in the batch and are ignored; tokens, lengths and summed log-probs are gathered on the device;
+- finished rows stay in the batch and are ignored; tokens, lengths and log-probs are gathered on the device, and
+  beam search's finished hypotheses too (each sentence's best ``beam_size`` and their count);
 - the host reads one flag, "is every sentence done", every ``check_every`` steps, and everything else once at
   the end;
-- on CUDA the step is captured once as a CUDA graph (after a first step run eagerly, which warms the kernels)
-  and replayed, one launch a step.
+- on CUDA the step is captured as a CUDA graph once per batch (after a first step run eagerly, which warms the
+  kernels) and replayed, one launch a step.
 
-The hypotheses are those of ``greedy_hypotheses`` (tests compare them): the same tokens, and scores equal up to
-float rounding, since attention runs over every slot with the unwritten ones masked.
+The hypotheses are those of ``greedy_hypotheses`` and ``beam_search`` (tests compare them): the same tokens, and
+scores equal up to float rounding, since attention runs over every slot with the unwritten ones masked. The price
+is memory and work for rows that are done: the slots hold every row at the longest limit of the batch.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import LengthNorm
-from transformer.inference.search import Hypothesis, _finalize, max_lengths
+from transformer.inference.search import Hypothesis, _expand, _finalize, _select, max_lengths
+from transformer.inference.search import length_penalty as length_penalty_of
 from transformer.model.transformer import Transformer, select_encoder_output
 
 
@@ -50,6 +53,7 @@ def fixed_shape_greedy(model: Transformer, src: Tensor, *, pad_id: int, bos_id: 
     """
     if check_every < 1:
         raise ValueError(f"fixed_shape_greedy: check_every must be >= 1, got {check_every}")
+    use_graph = _use_graph(cuda_graph, src.device)
     limits = max_lengths(src, pad_id, max_len_a, max_len_b, max_tgt_len)
     steps, rows, device = max(limits), src.size(0), src.device
     enc = model.encode(src)
@@ -78,7 +82,7 @@ def fixed_shape_greedy(model: Transformer, src: Tensor, *, pad_id: int, bos_id: 
         done.logical_or_(finishing)
         token.copy_(best[:, None])
 
-    _run(step, steps, done, check_every, cuda_graph, device)
+    _run(step, steps, done, check_every, use_graph, device)
     lengths, log_probs, by_eos = length.tolist(), summed.tolist(), ended.tolist()
     ids = tokens.tolist()
     return [_finalize(ids[row][: lengths[row]], log_probs[row], by_eos[row], length_penalty, length_norm)
@@ -99,7 +103,8 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
 
     Args:
         src: (batch, src_len) source ids padded with ``pad_id``; the search settings are ``beam_search``'s.
-        check_every, cuda_graph: as for :func:`fixed_shape_greedy`.
+        check_every: steps between the host's looks at whether every sentence is done.
+        cuda_graph: replay the step as a CUDA graph; None: when ``src`` is on a CUDA device.
 
     Returns:
         For each sentence its ``n_best`` hypotheses, best (highest ``score``) first.
@@ -108,6 +113,7 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
         raise ValueError(f"fixed_shape_beam: n_best must be in [1, beam_size={beam_size}], got {n_best}")
     if check_every < 1:
         raise ValueError(f"fixed_shape_beam: check_every must be >= 1, got {check_every}")
+    use_graph = _use_graph(cuda_graph, src.device)
     alpha, norm, beam, device = length_penalty, length_norm, beam_size, src.device
     limits = max_lengths(src, pad_id, max_len_a, max_len_b, max_tgt_len)
     steps, batch = max(limits), src.size(0)
@@ -115,36 +121,34 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
     cache = model.init_slot_cache(enc, steps)
     banned = _banned(model, pad_id, bos_id, device)
     vocab = banned.numel()
-    k = min(2 * beam, beam * vocab)
     first_row = torch.arange(batch, device=device)[:, None] * beam  # (batch, 1): each sentence's first row
-    rank = torch.arange(k, device=device).expand(batch, k)  # (batch, k)
     token = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)  # fed at the next step
     alive = torch.full((batch, beam), -math.inf, device=device)  # cumulative log-probs; -inf: an empty slot
     alive[:, 0] = 0.0  # one live hypothesis per sentence at first, so the beam holds no duplicates
     history = torch.full((batch * beam, steps), pad_id, dtype=torch.long, device=device)  # alive tokens
     limit = torch.tensor(limits, dtype=torch.long, device=device)  # (batch,)
-    bound = _penalty(limit, alpha, norm)  # (batch,) no continuation's score exceeds its log-prob over this
+    # the length penalty of every length, computed on the host as the ordinary search does, so scores match it
+    penalties = torch.tensor([length_penalty_of(max(n, 1), alpha, norm) for n in range(steps + 1)],
+                             dtype=torch.float64, device=device)  # (steps + 1,)
+    bound = penalties.index_select(0, limit)  # (batch,) no continuation's score exceeds its log-prob over this
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     n_finished = torch.zeros(batch, dtype=torch.long, device=device)
     finished = _Finished.empty(batch, beam, steps, pad_id, device)
 
     def step() -> None:
         logits = model.decode(token, enc, cache).logits[:, -1].float() + banned  # (rows, vocab)
-        total = alive.unsqueeze(-1) + F.log_softmax(logits, dim=-1).view(batch, beam, vocab)
-        cand_log_prob, flat = total.view(batch, beam * vocab).topk(k, dim=1)  # (batch, k) each
-        cand_parent, cand_token = torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
-        is_eos = cand_token == eos_id
-        finishing = is_eos & (rank < beam) & torch.isfinite(cand_log_prob)  # EOS among the beam best
+        cand = _expand(alive, F.log_softmax(logits, dim=-1))  # (batch, k) each
+        finishing, order = _select(cand, beam, eos_id)
         generated = cache.position  # (1,): tokens generated so far, this step's included (decode advanced it)
-        penalty = _penalty(generated, alpha, norm)  # the length counts the EOS, or is the limit
+        penalty = penalties.index_select(0, generated)  # the length counts the EOS, or is the limit
         n_finished.add_(finishing.sum(dim=1))
-        parent_tokens = history.index_select(0, (first_row + cand_parent).flatten()).view(batch, k, steps)
-        finished.merge(torch.where(finishing, cand_log_prob.double() / penalty, -math.inf), cand_log_prob,
+        k = cand.token.size(1)
+        parent_tokens = history.index_select(0, (first_row + cand.parent).flatten()).view(batch, k, steps)
+        finished.merge(torch.where(finishing, cand.log_prob.double() / penalty, -math.inf), cand.log_prob,
                        parent_tokens, generated - 1, True)
-        order = torch.argsort(rank + is_eos.long() * k, dim=1)[:, :beam]  # the beam best that do not end
-        new_token, log_prob = cand_token.gather(1, order), cand_log_prob.gather(1, order)
+        new_token, log_prob = cand.token.gather(1, order), cand.log_prob.gather(1, order)
         log_prob = log_prob.masked_fill(new_token == eos_id, -math.inf)  # EOS only as filler: an empty slot
-        rows = (first_row + cand_parent.gather(1, order)).flatten()  # (rows,) the parent of each new row
+        rows = (first_row + cand.parent.gather(1, order)).flatten()  # (rows,) the parent of each new row
         history.copy_(history.index_select(0, rows))
         history.index_copy_(1, generated - 1, new_token.view(-1, 1))
         for layer in cache.self_attn:
@@ -164,7 +168,7 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
         done.logical_or_(at_limit | cannot_win)
         alive.copy_(log_prob.masked_fill(done[:, None], -math.inf))
 
-    _run(step, steps, done, check_every, cuda_graph, device)
+    _run(step, steps, done, check_every, use_graph, device)
     return finished.hypotheses(n_best, alpha, norm)
 
 
@@ -187,10 +191,12 @@ class _Finished:
                    torch.zeros(batch, beam, dtype=torch.bool, device=device))
 
     def merge(self, score: Tensor, log_prob: Tensor, tokens: Tensor, length: Tensor, ended: bool) -> None:
-        """Keep the best of these and the candidates (batch, c) whose score is not -inf, in place."""
+        """Keep the best ``beam`` of these and the candidates (batch, c), in place. A stable sort: among equal scores
+        the earlier finished stays first, as in the ordinary search's final sort."""
         batch, beam = self.score.shape
         c = score.size(1)
-        best, pick = torch.cat([self.score, score], dim=1).topk(beam, dim=1)  # (batch, beam)
+        best, pick = torch.cat([self.score, score], dim=1).sort(dim=1, descending=True, stable=True)
+        best, pick = best[:, :beam], pick[:, :beam]  # (batch, beam)
         self.score.copy_(best)
         self.log_prob.copy_(torch.cat([self.log_prob, log_prob], dim=1).gather(1, pick))
         steps = self.tokens.size(2)
@@ -207,14 +213,6 @@ class _Finished:
                  for j in range(n_best) if scores[i][j] > -math.inf] for i in range(len(scores))]
 
 
-def _penalty(length: Tensor, alpha: float, norm: LengthNorm) -> Tensor:
-    """:func:`~transformer.inference.search.length_penalty` of a tensor of lengths, in float64."""
-    length = length.double().clamp(min=1)
-    if norm is LengthNorm.gnmt:
-        return ((5.0 + length) / 6.0) ** alpha
-    return length if norm is LengthNorm.average else torch.ones_like(length)
-
-
 def _banned(model: Transformer, pad_id: int, bos_id: int, device: torch.device) -> Tensor:
     """(vocab,) 0, and -inf at PAD and BOS, which are never generated: added to the logits."""
     banned = torch.zeros(model.output_layer()[0].size(0), device=device)
@@ -222,25 +220,50 @@ def _banned(model: Transformer, pad_id: int, bos_id: int, device: torch.device) 
     return banned
 
 
-def _run(step: Callable[[], None], steps: int, done: Tensor, check_every: int, cuda_graph: bool | None,
+def _use_graph(cuda_graph: bool | None, device: torch.device) -> bool:
+    """Whether to replay the step as a CUDA graph (None: on CUDA); asking for one elsewhere is an error."""
+    if cuda_graph and device.type != "cuda":
+        raise ValueError(f"fixed-shape search: a CUDA graph needs a CUDA device, got {device}")
+    return device.type == "cuda" if cuda_graph is None else cuda_graph
+
+
+def _run(step: Callable[[], None], steps: int, done: Tensor, check_every: int, use_graph: bool,
          device: torch.device) -> None:
     """Up to ``steps`` steps: the first eagerly (on a GPU it also warms up what the graph will need), the others
-    replayed from a CUDA graph where asked (None: on CUDA); the host reads ``done.all()`` every ``check_every``."""
-    step()
-    use_graph = device.type == "cuda" if cuda_graph is None else cuda_graph
-    replay = _captured(step, device) if use_graph and steps > 1 else step
+    replayed from a CUDA graph when ``use_graph``; the host reads ``done.all()`` every ``check_every`` steps."""
+    replay = _captured(step, device) if use_graph and steps > 1 else None
+    if replay is None:
+        step()
+        replay = step
     for taken in range(1, steps):
         if taken % check_every == 0 and bool(done.all()):
             break
         replay()
 
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}  # one side stream per CUDA device, for warm-ups and captures
+
+
 def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
-    """``step`` captured as a CUDA graph; returns its replay. Capture records the kernels without running them,
-    so the state the step updates is untouched until the first replay."""
-    if device.type != "cuda":
-        raise ValueError(f"fixed-shape search: a CUDA graph needs a CUDA device, got {device}")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device), torch.cuda.graph(graph):
-        step()
+    """Run ``step`` once eagerly, then capture it as a CUDA graph; returns the graph's replay.
+
+    Both on a side stream, as CUDA graphs need; the capture records the kernels without running them, so the state
+    the step updates is as the eager step left it until the first replay. The lower-level capture calls skip what
+    ``torch.cuda.graph`` does on entry (a garbage collection and emptying the allocator's cache), too costly once
+    per batch; ``thread_local``: another thread (during training, the batch prefetcher) may pin host memory
+    meanwhile, which the default mode would count as an unsafe call.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        side = _CAPTURE_STREAMS.setdefault(index, torch.cuda.Stream(index))
+        side.wait_stream(torch.cuda.current_stream(index))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            step()
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                step()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream(index).wait_stream(side)
     return graph.replay

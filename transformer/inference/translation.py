@@ -111,7 +111,7 @@ def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, ma
                   select_encoder=select_encoder, length_penalty=cfg.length_penalty, length_norm=cfg.length_norm)
     if cfg.fixed_shape:
         if not isinstance(model, Transformer):
-            raise ConfigError("eval.fixed_shape: decodes one model, not an ensemble; set eval.fixed_shape=false")
+            raise ConfigError("eval.fixed_shape: decodes a single Transformer, not an ensemble; set eval.fixed_shape=false")
         fixed = {key: common[key] for key in ("pad_id", "bos_id", "eos_id", "max_len_a", "max_len_b", "max_tgt_len",
                                               "length_penalty", "length_norm")}
         if cfg.beam_size == 1:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from transformer.config import Activation, AttentionScore, NormPosition
-from transformer.model.attention import KVCache, MultiHeadAttention
+from transformer.model.attention import KVCache, MultiHeadAttention, SlotCache
 from transformer.model.dropout import Dropout
 from transformer.model.embeddings import RelativePositions, RotaryPositions
 
@@ -125,7 +125,7 @@ class DecoderLayerOutput:
     x: Tensor  # (batch, tgt_len, d_model)
     self_weights: Tensor | None  # (batch, heads, tgt_len, total_tgt_len)
     cross_weights: Tensor | None  # (batch, heads, tgt_len, src_len)
-    self_cache: KVCache | None  # the extended self-attention cache when one was given
+    self_cache: KVCache | SlotCache | None  # the extended self-attention cache when one was given
 
 
 class DecoderLayer(nn.Module):
@@ -142,7 +142,7 @@ class DecoderLayer(nn.Module):
         self.ff_block = Residual(s.d_model, s.dropout, s.norm)
 
     def forward(self, x: Tensor, memory: Tensor | None, self_mask: Tensor | None, cross_mask: Tensor | None,
-                self_cache: KVCache | None = None, cross_cache: KVCache | None = None,
+                self_cache: KVCache | SlotCache | None = None, cross_cache: KVCache | None = None,
                 need_weights: bool = False, causal: bool = False) -> DecoderLayerOutput:
         """One decoder layer.
 
@@ -151,7 +151,7 @@ class DecoderLayer(nn.Module):
             memory: (batch, src_len, d_model) encoder output; may be None when ``cross_cache`` is given.
             self_mask: bool, broadcastable to (batch, heads, tgt_len, total_tgt_len).
             cross_mask: bool, broadcastable to (batch, heads, tgt_len, src_len).
-            self_cache: growing K/V of earlier target positions (None: no caching).
+            self_cache: growing K/V of earlier target positions, or their preallocated slots (None: no caching).
             cross_cache: static K/V of the memory from ``cross_attn.project_key_value``.
             need_weights: return both attention weight tensors.
             causal: plain causal self-attention instead of ``self_mask`` (which must be None); exact at the

@@ -74,7 +74,8 @@ class SlotDecoderCache:
     """The fixed-shape counterpart of :class:`DecoderCache` (see :class:`~transformer.model.attention.SlotCache`):
     K/V slots for ``max_len`` target positions per row, written in place; ``position`` is the slot of the token
     fed next, on the device, advanced by each :meth:`Transformer.decode`. Every step has the same shapes and
-    reads nothing back to the host, so a search can replay it as a CUDA graph. Fed tokens must not be padding.
+    reads nothing back to the host, so a search can replay it as a CUDA graph. Padding is not masked here: a row
+    fed PAD attends to it (fine for rows whose output is ignored, as finished ones are).
     """
 
     self_attn: list[SlotCache]  # per decoder layer, (batch, heads, max_len, d_head), sharing ``position``
@@ -274,7 +275,7 @@ class Transformer(nn.Module):
             encoder_out: from :meth:`encode` (selected to the same rows as ``cache``).
             cache: from :meth:`init_cache` or a previous ``decode``; None for a full pass. Or a
                 :class:`SlotDecoderCache` from :meth:`init_slot_cache` (one token a step, written in place and
-                the position advanced; the same cache object is returned).
+                the position advanced; the same cache object is returned; self-attention weights cover every slot).
             need_weights: return self- and cross-attention weights of every layer.
 
         Returns:

@@ -25,6 +25,9 @@
 #                                  # operators and ms a step (decode_step.py), the default job (3 minutes at most),
 #                                  # its test set decoded greedy and beam 5 both ways (the same lines?), and the
 #                                  # decoding benchmark at 512 sentences a batch (each command within 10 minutes)
+#   benchmarks/gpu_checks.sh peers    # OpenNMT-py 3.5.1 and this project trained on the same data, model and batch,
+#                                  # small then base, 600 steps each, target tokens/s over steps 301-600 and the
+#                                  # ratio (benchmarks/peer_opennmt.py; its wheels in .whl/, as its docstring says)
 #   benchmarks/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a command: 10)
 #   benchmarks/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
@@ -166,6 +169,14 @@ fixed)
     step fixed_512 timeout 60 python scripts/benchmark.py "checkpoint=$runs/default_job/checkpoints/final.pt" \
         train_steps=5 eval.beam_size=5 eval.batch_size=512 "hydra.run.dir=$runs/fixed_512"
     ;;
+peers)
+    for model in small base; do
+        step "peers_$model" timeout 270 python benchmarks/peer_opennmt.py --model "$model" --work /tmp/gpu_peers
+        cp "/tmp/gpu_peers/opennmt_$model/train.log" "$out/peers_${model}_opennmt.log" 2>/dev/null
+        cp "/tmp/gpu_peers/ours_$model/benchmark.md" "$out/peers_${model}_ours.md" 2>/dev/null
+        cp "/tmp/gpu_peers/peer_$model.json" "$out/" 2>/dev/null
+    done
+    ;;
 quality)
     data="${2:-multi30k_en_de}"
     step "quality_$data" python scripts/train.py experiment=multi30k_gpu "data=$data" training.max_minutes=8.5 \
@@ -184,7 +195,7 @@ ensemble)
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|fixed|quality|ensemble [DATA]" >&2
+    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|fixed|peers|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

@@ -98,3 +98,49 @@ def test_one_step_per_batch_shape_before_timing(tmp_path):
     trainer.train_step = lambda batches: steps.append(shape(batches[0]))
     assert benchmark._one_step_per_shape(trainer) == len(shapes) == len(steps) > 1
     assert set(steps) == shapes
+
+
+def _peer_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_opennmt.py"
+    spec = importlib.util.spec_from_file_location("peer_opennmt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_peer_comparison_reads_opennmts_report_lines(tmp_path):
+    peer = _peer_script()
+    line = ("[2026-11-27 04:22:55,000 INFO] Step {step}/  200; acc: 10.0; ppl: 900.1; xent: 6.8; lr: 0.00001; "
+            "sents:    1750; bsz:  {src}/ {tgt}/35; {src_rate}/{tgt_rate} tok/s;     {sec} sec;")
+    rows = [(50, 900, 800, 9000, 8000, 5), (100, 900, 1000, 9000, 10000, 10), (150, 950, 1000, 4750, 5000, 20),
+            (200, 900, 600, 9000, 6000, 25)]
+    log = tmp_path / "train.log"
+    log.write_text("[... INFO] * number of parameters: 7581184\n" + "\n".join(
+        line.format(step=step, src=src, tgt=tgt, src_rate=src_rate, tgt_rate=tgt_rate, sec=sec)
+        for step, src, tgt, src_rate, tgt_rate, sec in rows) + "\n")
+    speed = peer.opennmt_speed(log, from_step=100)
+    # steps 101-200: 50 * 1000 target tokens in 50 * 1000 / 5000 = 10 s, then 50 * 600 in 50 * 600 / 6000 = 5 s
+    assert speed["tgt_tokens_per_s"] == pytest.approx((50_000 + 30_000) / 15)
+    assert speed["median_interval"] == pytest.approx(5500)
+    assert speed["tgt_tokens_per_step"] == pytest.approx(800)
+    assert (speed["intervals"], speed["parameters"]) == (2, 7_581_184)
+
+
+def test_the_peer_comparison_gives_opennmt_this_projects_model(tmp_path):
+    import argparse
+
+    peer = _peer_script()
+    cfg = peer.project_config("small", 8192)
+    assert cfg.training.max_tokens == 8192
+    args = argparse.Namespace(steps=600, batch=4096)
+    options = json.loads(peer.opennmt_config(cfg, (tmp_path / "s", tmp_path / "t"), tmp_path, args, cuda=True).read_text())
+    assert (options["enc_layers"], options["dec_layers"], options["hidden_size"], options["heads"],
+            options["transformer_ff"]) == (3, 3, 256, 4, 1024)
+    assert (options["dropout"], options["attention_dropout"], options["batch_size"]) == ([0.2], [0.0], 4096)
+    assert options["share_embeddings"] and options["share_decoder_embeddings"] and options["model_dtype"] == "fp16"
+    tiny = peer.opennmt_config(peer.project_config("tiny", 2048), (tmp_path / "s", tmp_path / "t"), tmp_path, args,
+                               cuda=False)
+    assert not json.loads(tiny.read_text())["share_embeddings"]

@@ -28,6 +28,8 @@
 #   benchmarks/gpu_checks.sh peers    # OpenNMT-py 3.5.1 and this project trained on the same data, model and batch,
 #                                  # small then base, 600 steps each, target tokens/s over steps 301-600 and the
 #                                  # ratio (benchmarks/peer_opennmt.py; its wheels in .whl/, as its docstring says)
+#   benchmarks/gpu_checks.sh mfu      # where base's step goes at 16,384 positions (CUDA graphs, profiled), its MFU at
+#                                  # 32,768, and compiled instead of replayed (fused elementwise work, eager launches)
 #   benchmarks/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a command: 10)
 #   benchmarks/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
@@ -169,6 +171,16 @@ fixed)
     step fixed_512 timeout 60 python scripts/benchmark.py "checkpoint=$runs/default_job/checkpoints/final.pt" \
         train_steps=5 eval.beam_size=5 eval.batch_size=512 "hydra.run.dir=$runs/fixed_512"
     ;;
+mfu)
+    step base_16k timeout 150 python scripts/benchmark.py model=base training.max_tokens=16384 train_steps=100 \
+        untimed_steps=10 decode_sentences=10 profile_steps=10 "hydra.run.dir=$out/base_16k"
+    step base_32k timeout 150 python scripts/benchmark.py model=base training.max_tokens=32768 train_steps=60 \
+        untimed_steps=10 decode_sentences=10 "hydra.run.dir=$out/base_32k"
+    step base_16k_compiled timeout 240 python scripts/benchmark.py model=base training.max_tokens=16384 \
+        training.cuda_graphs=false training.compile=true train_steps=100 untimed_steps=30 decode_sentences=10 \
+        "hydra.run.dir=$out/base_16k_compiled"
+    grep -h "model FLOP utilisation\|target tokens/s\|milliseconds per step" "$out"/base_*/benchmark.md
+    ;;
 peers)
     for model in small base; do
         step "peers_$model" timeout 270 python benchmarks/peer_opennmt.py --model "$model" --work /tmp/gpu_peers
@@ -195,7 +207,7 @@ ensemble)
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|fixed|peers|quality|ensemble [DATA]" >&2
+    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|fixed|mfu|peers|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

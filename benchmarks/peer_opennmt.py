@@ -10,9 +10,9 @@ sides get:
   transforms and builds its vocabulary from them (``onmt_build_vocab -n_sample -1``);
 - **the model**: this project's ``configs/model/<name>.yaml``: layers, width, heads, feed-forward, dropout,
   sinusoidal positions, embeddings shared and tied as it says (``small``, ``base``: one embedding for source and
-  target, tied to the output); the parameter counts are printed side by side. OpenNMT-py 3.5 normalises before
-  each sublayer only, so where this project's model is post-norm (``base``) the two differ in where a LayerNorm
-  sits, not in the work done;
+  target, tied to the output), biases in every projection; the parameter counts are printed side by side.
+  OpenNMT-py 3.5 normalises before each sublayer only, so where this project's model is post-norm (``base``) the
+  two differ in where a LayerNorm sits, not in the work done;
 - **the batch**: OpenNMT-py's ``batch_size`` (tokens, counted as max(source, target) per sentence) against this
   project's ``training.max_tokens`` of twice as many (source + target positions);
 - **the precision**: on a GPU fp16 for OpenNMT-py (``model_dtype: fp16``, its fastest) and this project's default
@@ -150,6 +150,7 @@ def opennmt_config(cfg, pieces: tuple[Path, Path], folder: Path, args: argparse.
         "transformer_ff": m.d_ff, "dropout": [m.dropout], "attention_dropout": [m.attention_dropout],
         "position_encoding": True, "share_embeddings": m.share_embeddings,
         "share_decoder_embeddings": m.tie_output,
+        "add_qkvbias": True, "add_ffnbias": True,  # as this project's layers (OpenNMT-py's default: none)
         "param_init": 0.0, "param_init_glorot": True,
         "batch_type": "tokens", "batch_size": args.batch, "normalization": "tokens", "accum_count": [1],
         "num_workers": 2, "optim": "adam", "adam_beta1": 0.9, "adam_beta2": 0.998, "decay_method": "noam",

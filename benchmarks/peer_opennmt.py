@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--from-step", type=int, default=300, help="the steps timed are those after this one")
     parser.add_argument("--work", type=Path, default=Path("outputs/peer_opennmt"), help="where everything goes")
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    parser.add_argument("--threads", type=int, help="CPU threads of each side (default: torch's)")
     parser.add_argument("--opennmt", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)  # TOOL ARGS...
     args = parser.parse_args()
     if args.opennmt:
@@ -213,6 +214,8 @@ def main() -> None:
     config = opennmt_config(cfg, pieces, onmt_dir, args, cuda)
     (onmt_dir / "train.log").unlink(missing_ok=True)
     me, env = [sys.executable, __file__, "--opennmt"], {**os.environ, "OPENNMT_SITE": str(site)}
+    if args.threads:
+        env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     subprocess.run([*me, "build_vocab", "-config", str(config), "-n_sample", "-1"], check=True, env=env)
     start = time.perf_counter()
     subprocess.run([*me, "train", "-config", str(config)], check=True, env=env)
@@ -224,7 +227,8 @@ def main() -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), f"model={args.model}",
                     f"training.max_tokens={2 * args.batch}", f"untimed_steps={args.from_step}",
                     f"train_steps={args.steps - args.from_step}", "decode_sentences=1",
-                    f"device={'cuda' if cuda else 'cpu'}", f"hydra.run.dir={ours_dir}"], check=True, cwd=ROOT)
+                    f"device={'cuda' if cuda else 'cpu'}", f"hydra.run.dir={ours_dir}",
+                    *([f"training.threads={args.threads}"] if args.threads else [])], check=True, cwd=ROOT)
     ours_wall = time.perf_counter() - start
     speed = json.loads((ours_dir / "benchmark.json").read_text())["training"]
     ours = {"tgt_tokens_per_s": speed["tgt_tokens_per_s"], "parameters": parameters,

@@ -2,6 +2,13 @@
 # The GPU measurements of docs/RESULTS.md, each mode sized for one ten-minute command on a GPU machine; logs under
 # $OUT (else gpu_checks/).
 #
+#   benchmarks/gpu_checks.sh targets  # every figure the GPU targets still lack, in one command of TARGETS_LIMIT
+#                                  # seconds (480): the fixed-shape searches' gpu tests and operators a step; the
+#                                  # default model's test set decoded greedy and beam 5, cache on and off, ordinary
+#                                  # and in fixed shapes (TARGETS_CHECKPOINT, else the default job trained here for
+#                                  # two minutes); base's MFU at 16,384 positions (profiled) and 32,768; OpenNMT-py
+#                                  # beside this project, small then base. Each part gets what time is left; the
+#                                  # logs come back as one targets.tgz
 #   benchmarks/gpu_checks.sh short # what one ten-minute command can hold, for 15 minutes of GPU time in all: the gpu
 #                                  # tests, the default job with CUDA graphs (limited to 3.5 minutes: annealed if cut),
 #                                  # then eager against graphs for the default model and decoding its checkpoint
@@ -62,7 +69,50 @@ bench() {  # bench NAME OVERRIDES...: transformer-benchmark into $out/NAME/
     step "$name" python scripts/benchmark.py "$@" "hydra.run.dir=$out/$name"
 }
 
+within() {  # within SECONDS NAME COMMAND...: step NAME, limited to SECONDS or to what is left before $deadline
+    local cap=$1 name=$2 left=$((deadline - SECONDS))
+    shift 2
+    if ((left < 15)); then
+        echo "== $name: skipped, $left s left of the time limit"
+        return
+    fi
+    step "$name" timeout -k 10 $((left < cap ? left : cap)) "$@"
+}
+
 case "${1:-}" in
+targets)
+    deadline=$((SECONDS + ${TARGETS_LIMIT:-480}))
+    logs="$out"
+    out=/tmp/gpu_targets/logs  # everything here, packed into $logs/targets.tgz at the end, however it ends
+    mkdir -p "$out"
+    trap 'tar czf "$logs/targets.tgz" -C /tmp/gpu_targets logs' EXIT
+    echo "libcublas.so.12 (CTranslate2 4.x's CUDA build needs it): $(ldconfig -p | grep -c 'libcublas\.so\.12 ') found"
+    within 60 fixed_tests python -m pytest -q -m gpu tests/test_fixed_shape.py
+    within 40 decode_step python benchmarks/decode_step.py --device cuda --d-model 128 --rows 512
+    checkpoint="${TARGETS_CHECKPOINT:-}"
+    if [[ ! -f $checkpoint ]]; then
+        echo "no TARGETS_CHECKPOINT file ('$checkpoint'): the default job trains here for two minutes"
+        checkpoint=/tmp/gpu_targets/default_job/checkpoints/final.pt
+        within 170 default_job python scripts/train.py training.max_minutes=2 hydra.run.dir=/tmp/gpu_targets/default_job
+    fi
+    within 100 decoding python scripts/benchmark.py "checkpoint=$checkpoint" train_steps=5 eval.beam_size=5 \
+        "hydra.run.dir=$out/decoding"
+    sed -n '/^| decoding/,$p' "$out/decoding/benchmark.md" 2>/dev/null
+    for positions in 16384 32768; do
+        profile=$([[ $positions == 16384 ]] && echo 10 || echo 0)
+        within 75 "base_$positions" python scripts/benchmark.py model=base "training.max_tokens=$positions" \
+            train_steps=60 untimed_steps=10 decode_sentences=10 "profile_steps=$profile" \
+            "hydra.run.dir=$out/base_$positions"
+        grep -h "FLOP\|target tokens/s\|per step" "$out/base_$positions/benchmark.md" 2>/dev/null
+    done
+    grep -h "profiled steps" "$out/base_16384/profile.txt" 2>/dev/null
+    for model in small base; do
+        within 170 "peers_$model" python benchmarks/peer_opennmt.py --model "$model" --work /tmp/gpu_targets/peers
+        cp "/tmp/gpu_targets/peers/opennmt_$model/train.log" "$out/peers_${model}_opennmt.log" 2>/dev/null
+        cp "/tmp/gpu_targets/peers/peer_$model.json" "$out/" 2>/dev/null
+    done
+    echo "targets: $SECONDS s in all"
+    ;;
 short)
     runs=/tmp/gpu_short  # the runs' folders, packed without checkpoints into $out/short_runs.tgz at the end
     step gpu_tests timeout 120 python -m pytest -q -m gpu tests/test_gpu.py
@@ -207,7 +257,7 @@ ensemble)
     cp -r "$runs"/ensemble_* "$out/" 2>/dev/null
     ;;
 *)
-    echo "usage: $0 short|short_more|levers|best|tests|speed|job|decode|fixed|mfu|peers|quality|ensemble [DATA]" >&2
+    echo "usage: $0 targets|short|short_more|levers|best|tests|speed|job|decode|fixed|mfu|peers|quality|ensemble [DATA]" >&2
     exit 2
     ;;
 esac

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,8 @@ from transformer.data.batching import TokenBucketSampler
 from transformer.model.transformer import build_model
 
 from toy_training import copy_pairs, make_trainer, training_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("d_head", [None, 24])
@@ -55,8 +59,14 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
     assert {(row["search"], row["cache"]) for row in saved["decoding"]} == {
         ("greedy", True), ("greedy", False), ("beam 5", True), ("beam 5", False), ("greedy, fixed shapes", True),
         ("beam 5, fixed shapes", True)}
+    same = {(row["search"], row["cache"]): row["same_lines"] for row in saved["decoding"]}
+    # the ordinary cached searches are the references; the others give the same lines (the cache and the fixed
+    # shapes change how, not what, is decoded), counted out of 5
+    assert same[("greedy", True)] is None and same[("beam 5", True)] is None
+    assert [same[key] for key in same if same[key] is not None] == [5, 5, 5, 5]
     table = (tmp_path / "benchmark.md").read_text()
-    assert "model FLOP utilisation" in table and "| beam 5 | no |" in table
+    assert "model FLOP utilisation" in table and "| beam 5 | no |" in table and "| 5 of 5 |" in table
+    assert "data sheet" not in table and "datasheet_flops" not in saved  # a CPU has no data-sheet peak here
     profile = (tmp_path / "profile.txt").read_text()
     per_step = int(re.search(r"2 profiled steps: [\d.]+ ms per step .*?, (\d+) aten operator calls per step", profile)[1])
     assert per_step > 100 and "aten::mm" in profile  # a real step's operators, tabled
@@ -66,6 +76,25 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
     searches = [(search, "", cache) for search in ("greedy", "beam 5") for cache in ("True", "False")]
     searches += [(search, ", fixed shapes", "True") for search in ("greedy", "beam 5")]
     assert sorted(profiled) == sorted(searches)
+
+
+def test_datasheet_peaks_match_the_most_specific_name():
+    assert benchmark.datasheet_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert benchmark.datasheet_flops("NVIDIA H100 PCIe") == 756e12
+    assert benchmark.datasheet_flops("NVIDIA H200") == 989e12
+    assert benchmark.datasheet_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert benchmark.datasheet_flops("NVIDIA GeForce RTX 4090") is None
+
+
+def test_the_report_gives_mfu_against_the_data_sheet_when_the_gpu_is_known():
+    result = {"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "threads": 16, "torch": "2.11.0",
+              "max_tokens": 16384, "matmul_flops": 790e12, "mfu": 0.25, "datasheet_flops": 989e12,
+              "mfu_datasheet": 0.2, "peak_memory_mb": 1000.0, "decoding": [],
+              "training": {"tgt_tokens_per_s": 1.0, "src_tgt_tokens_per_s": 2.0, "seconds": 1.0, "steps": 10,
+                           "flops_per_tgt_token": 1e6, "achieved_flops": 197.5e12}}
+    table = benchmark.markdown_report(result)
+    assert "| model FLOP utilisation | 25.0 % |" in table
+    assert "| model FLOP utilisation, against the data sheet | 20.0 % |" in table
 
 
 def test_training_flops_of_length_arrays_are_per_pair():
@@ -102,9 +131,8 @@ def test_one_step_per_batch_shape_before_timing(tmp_path):
 
 def _peer_script():
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_opennmt.py"
+    path = ROOT / "benchmarks" / "peer_opennmt.py"
     spec = importlib.util.spec_from_file_location("peer_opennmt", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -144,3 +172,14 @@ def test_the_peer_comparison_gives_opennmt_this_projects_model(tmp_path):
     tiny = peer.opennmt_config(peer.project_config("tiny", 2048), (tmp_path / "s", tmp_path / "t"), tmp_path, args,
                                cuda=False)
     assert not json.loads(tiny.read_text())["share_embeddings"]
+
+
+def test_every_gpu_check_mode_is_in_its_usage_line_and_the_gpu_guide():
+    script = ROOT / "benchmarks" / "gpu_checks.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0  # the script parses
+    text = script.read_text()
+    modes = re.findall(r"^(\w+)\)$", text, flags=re.M)
+    assert modes[0] == "targets" and len(modes) >= 10
+    assert re.search(r"usage: \$0 ([\w|]+)", text)[1].split("|") == modes
+    guide = (ROOT / "docs" / "guide" / "gpu.md").read_text()
+    assert [mode for mode in modes if f"- `{mode}" not in guide and f"`{mode}`" not in guide] == []

@@ -85,6 +85,18 @@ def matmul_peak(device: torch.device, size: int, repeats: int = 10) -> float:
     return 2.0 * size**3 * repeats / best
 
 
+# Dense bf16 tensor-core FLOP/s from the vendors' data sheets, by a part of the GPU's name; the first match counts,
+# so the more specific names come first. MFU against these is the figure papers quote; against the measured matmul
+# peak (``matmul_peak``) it is against what the card sustains (an H100: about 790 of its 989 TFLOP/s at 8192³).
+DATASHEET_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
+                        ("A100", 312e12))
+
+
+def datasheet_flops(name: str) -> float | None:
+    """The data sheet's dense bf16 FLOP/s of a GPU named ``name``, or None when it is not in the table."""
+    return next((flops for part, flops in DATASHEET_BF16_FLOPS if part in name), None)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -248,6 +260,7 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     src, _ = load_split(data, data.test_split)
     src = src[: cfg.decode_sentences] if cfg.decode_sentences is not None else src
     rows, profiles = [], []
+    ordinary: dict[int, list[str]] = {}  # each width's lines from the ordinary cached search, which comes first
     widths = sorted({1, cfg.eval.beam_size})
     settings = [(width, use_cache, False) for width in widths for use_cache in (True, False)]
     settings += [(width, True, True) for width in widths]  # and in fixed shapes
@@ -262,9 +275,12 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         _sync(device)
         seconds = time.perf_counter() - start
         tokens = sum(len(tgt_tok.encode(h[0])) + 1 for h in hypotheses)
+        lines = [h[0] for h in hypotheses]
+        reference = ordinary.setdefault(beam, lines)
         rows.append({"search": search, "cache": use_cache,
                      "sentences": len(src), "seconds": seconds, "sentences_per_s": len(src) / seconds,
-                     "tokens_per_s": tokens / seconds})
+                     "tokens_per_s": tokens / seconds,
+                     "same_lines": None if lines is reference else sum(a == b for a, b in zip(lines, reference))})
         log.info("decoding %s cache=%s: %.1f sentences/s", search, use_cache, rows[-1]["sentences_per_s"])
         if cfg.profile_steps:
             summary, tables = _profiled(decode, device, f"decoding {search}, cache={use_cache}", len(src),
@@ -296,6 +312,9 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
         "max_tokens": cfg.training.max_tokens, "training": asdict(speed), "matmul_flops": peak,
         "mfu": speed.achieved_flops / peak, "decoding": decoding, "peak_memory_mb": peak_memory_mb(device),
     }
+    sheet = datasheet_flops(result["device_name"]) if device.type == "cuda" else None
+    if sheet is not None:
+        result.update(datasheet_flops=sheet, mfu_datasheet=speed.achieved_flops / sheet)
     files.write_text(out / "benchmark.json", json.dumps(result, indent=2) + "\n")
     files.write_text(out / "benchmark.md", markdown_report(result))
     print(markdown_report(result))
@@ -317,9 +336,17 @@ def markdown_report(result: dict[str, Any]) -> str:
         f"| achieved | {t['achieved_flops'] / 1e9:.1f} GFLOP/s |",
         f"| matmul peak | {result['matmul_flops'] / 1e9:.1f} GFLOP/s |",
         f"| model FLOP utilisation | {100 * result['mfu']:.1f} % |",
-        "",
-        "| decoding | KV cache | sentences/s | tokens/s |", "| --- | --- | --- | --- |",
     ]
+    if "datasheet_flops" in result:
+        lines += [f"| data-sheet peak (dense bf16) | {result['datasheet_flops'] / 1e9:.1f} GFLOP/s |",
+                  f"| model FLOP utilisation, against the data sheet | {100 * result['mfu_datasheet']:.1f} % |"]
+    lines += ["", "| decoding | KV cache | sentences/s | tokens/s | lines as the cached search |",
+              "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['search']} | {'yes' if r['cache'] else 'no'} | {r['sentences_per_s']:.1f} | "
-              f"{r['tokens_per_s']:,.0f} |" for r in result["decoding"]]
+              f"{r['tokens_per_s']:,.0f} | {_same(r)} |" for r in result["decoding"]]
     return "\n".join(lines) + "\n"
+
+
+def _same(row: dict[str, Any]) -> str:
+    """How many of a decoding row's lines equal the ordinary cached search's of its width ("—" for that one)."""
+    return "—" if row.get("same_lines") is None else f"{row['same_lines']} of {row['sentences']}"

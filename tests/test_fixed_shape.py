@@ -183,6 +183,45 @@ def test_beam_steps_read_nothing_back_but_the_done_flag(monkeypatch) -> None:
     assert 1 < taken < steps and flags == taken  # asked after every step, it stops at the first "done"
 
 
+class _Operators(TorchDispatchMode):
+    """The operators run, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+# What a CUDA graph cannot hold: reads to the host, tensors made from host data (copied in at capture, so replays
+# would reuse them), shapes that depend on values
+_NOT_IN_A_GRAPH = {"aten._local_scalar_dense", "aten.is_nonzero", "aten.item", "aten.lift_fresh", "aten.nonzero",
+                   "aten.masked_select", "aten.unique", "aten._unique2", "aten.masked_scatter"}
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_step_holds_nothing_a_cuda_graph_cannot(monkeypatch, search: str) -> None:
+    from transformer.inference import fixed_shape
+
+    operators = _Operators()
+
+    def run(step, steps, done, check_every, use_graph, device) -> None:  # the step as _captured would record it
+        step()
+        with operators:
+            step()
+
+    monkeypatch.setattr(fixed_shape, "_run", run)
+    model, src = tiny_model(), varied_sources()
+    if search == "greedy":
+        fixed_shape_greedy(model, src, **REAL)
+    else:
+        fixed_shape_beam(model, src, beam_size=3, n_best=2, length_penalty=0.6, length_norm=LengthNorm.gnmt, **REAL)
+    assert {"aten.linear", "aten.scaled_dot_product_attention"} <= operators.names  # a whole decoder step ran
+    assert operators.names & _NOT_IN_A_GRAPH == set()
+
+
 def test_check_every_must_be_positive_and_the_slots_fit_the_positions() -> None:
     with pytest.raises(ValueError, match="check_every must be >= 1, got 0"):
         fixed_shape_greedy(tiny_model(), varied_sources(), check_every=0, **REAL)

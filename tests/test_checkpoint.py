@@ -3,6 +3,7 @@ names, and which weights a finished run keeps."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,12 @@ def test_load_errors_name_the_file(tmp_path):
     text.write_text("hello")
     with pytest.raises(CheckpointError, match="notes.pt"):
         load_checkpoint(text)
+    pickled = tmp_path / "pickled.pt"  # a pickle holding code: refused in one line, with no advice to load it anyway
+    pickled.write_bytes(pickle.dumps({"model": object}, protocol=4))
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(pickled)
+    assert "pickled.pt: not a readable checkpoint" in str(refused.value) and "\n" not in str(refused.value)
+    assert "weights-only load refuses" in str(refused.value) and "weights_only" not in str(refused.value)
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(1)}, foreign)
     with pytest.raises(CheckpointError, match="foreign.pt.*version"):

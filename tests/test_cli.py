@@ -137,6 +137,16 @@ def test_average_needs_an_output_and_two_inputs(monkeypatch, argv) -> None:
         cli.average_main()
 
 
+@pytest.mark.parametrize("argv", [["transformer-recipe"], ["transformer-recipe", "ensemble", "--seeds", "1,2"]])
+def test_a_recipe_without_its_folder_is_refused_in_one_usage_line(monkeypatch, capsys, argv) -> None:
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        cli.recipe_main()
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "transformer-recipe: error: give a recipe and its folder, e.g. transformer-recipe ensemble outputs/ensemble")
+
+
 def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = subprocess.run(

@@ -295,6 +295,25 @@ def test_corrupted_file_already_in_target_is_reported(tmp_path):
         prepare_multi30k(tmp_path, langs=("en",), splits=("val",), source_dir=MULTI30K)
 
 
+def test_a_source_dir_that_does_not_exist_is_refused_not_downloaded_around(tmp_path):
+    with pytest.raises(DataError, match=r"data.source_dir \(or env MULTI30K_DIR\)=.*nowhere: directory not found; "
+                                        r"point it at a local copy of Multi30k, or leave it unset to download val.en.gz"):
+        prepare_multi30k(tmp_path / "target", langs=("en",), splits=("val",), source_dir=tmp_path / "nowhere",
+                         base_url="http://127.0.0.1:9/never")
+    assert list((tmp_path / "target").iterdir()) == []
+
+
+def test_a_split_multi30k_lacks_is_refused_naming_those_it_has(tmp_path):
+    cfg = DataConfig(dir=str(tmp_path / "m30k"))
+    with pytest.raises(DataError, match=r"split 'tset': Multi30k has no such split; it has train, val, "
+                                        r"test_2016_flickr, test_2017_flickr, test_2017_mscoco, test_2018_flickr$"):
+        load_split(cfg, "tset")
+    (tmp_path / "m30k").mkdir()  # a split the user placed in the folder is read as it is
+    for lang, line in (("en", "a house"), ("de", "ein Haus")):
+        (tmp_path / "m30k" / f"mine.{lang}").write_text(line + "\n")
+    assert load_split(cfg, "mine") == (["a house"], ["ein Haus"])
+
+
 def test_unknown_multi30k_file_without_checksum_is_refused(tmp_path):
     with pytest.raises(DataError, match=r"test_2017_mscoco\.cs\.gz: not found, and no checksum is known"):
         prepare_multi30k(tmp_path, langs=("cs",), splits=("test_2017_mscoco",))

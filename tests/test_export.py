@@ -231,6 +231,10 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
         "instead") == 1
     average = Translator.load(out, eval_cfg=EvalConfig(beam_size=3, length_norm=LengthNorm.average))
     assert average.translate_scored(sentences) == first
+    for either in (translator, Translator.load(one_run)):  # one string is refused, not read as its characters
+        with pytest.raises(TypeError, match=r"sentences: a list of sentences, got one string 'a b c'; "
+                                            r"translate\(\[sentence\]\) translates one"):
+            either.translate("a b c")
     with pytest.raises(ConfigError, match="backend: ctranslate2 runs an export; make one with transformer-export"):
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):

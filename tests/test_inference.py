@@ -28,6 +28,8 @@ def test_find_checkpoint_prefers_final_then_best_then_last(tmp_path: Path) -> No
         assert find_checkpoint(tmp_path) == expected
     with pytest.raises(CheckpointError, match=r"run_dir: .*final\.pt is a file; give a checkpoint file as checkpoint="):
         find_checkpoint(run.final)
+    with pytest.raises(FileNotFoundError, match=r"run_dir: .*nowhere does not exist; give a training run's folder"):
+        find_checkpoint(tmp_path / "nowhere")
 
 
 def test_load_trained_rebuilds_model_and_tokenizers_from_the_checkpoint_alone(tmp_path: Path) -> None:

@@ -116,6 +116,10 @@ def test_evaluate_scores_another_split_of_the_corpus(trained_run, compose_config
                                       "overwrite=true"])
     with pytest.raises(DataError, match=r"test_2099\.src\[\.gz\]: file not found"):
         pipeline.evaluate(OmegaConf.to_object(cfg))
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", f"output_dir={tmp_path}", "overwrite=true",
+                                      f"src_file={run_dir.parent / 'toy' / 'val.src'}", "ref_file=missing.tgt"])
+    with pytest.raises(ConfigError, match=r"^ref_file: missing\.tgt is not a file$"):
+        pipeline.evaluate(OmegaConf.to_object(cfg))
 
 
 def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_config, tmp_path):
@@ -211,6 +215,13 @@ def test_average_writes_only_a_new_file_from_checkpoints_of_one_language_pair(tr
                                           r"tokenizers of .* averaged checkpoints must share both"):
         pipeline.average([a, str(tmp_path / "de_en.pt")], str(tmp_path / "mixed.pt"))
     assert not (tmp_path / "mixed.pt").exists()
+
+    linked = tmp_path / "linked.pt"  # another name of one file (as best.pt and last.pt are): counted once or refused
+    os.link(b, linked)
+    with pytest.raises(ConfigError, match=r"linked\.pt is the same file as .*step_\d+\.pt \(a run's best\.pt and "
+                                          r"last\.pt are links to its step_N\.pt files\): name each checkpoint once"):
+        pipeline.average([a, b, str(linked)], str(tmp_path / "twice.pt"))
+    assert not (tmp_path / "twice.pt").exists()
 
 
 def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(compose_config, toy_corpus, tmp_path):

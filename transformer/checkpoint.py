@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,11 +182,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError for torn or foreign files
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning says nothing the error does not
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError/KeyError for torn or foreign files
         hint = f"; resume={path.parent}/step_N.pt continues from an earlier step" if path.name == LAST_FILE else ""
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): {exc}{hint}") \
-            from exc
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): "
+                              f"{_load_failure(exc)}{hint}") from exc
     if not isinstance(state, dict) or "version" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'version' key)")
     if state["version"] != CHECKPOINT_VERSION:
@@ -195,6 +198,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if verify:
         _verify(path, state)
     return state
+
+
+def _load_failure(exc: Exception) -> str:
+    """The cause of a failed ``torch.load`` in one line. For a file that is not a torch checkpoint PyTorch's message
+    is a paragraph whose advice (load with ``weights_only=False``) would run the file's code: only its reason is
+    kept."""
+    text = str(exc)
+    reason = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, flags=re.S)
+    if reason is not None:
+        return f"holds what a weights-only load refuses ({reason[1].splitlines()[0]})"
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0].split(". ")[0] if lines else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _verify(path: Path, state: dict) -> None:

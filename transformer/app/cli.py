@@ -324,7 +324,10 @@ def recipe_main() -> None:
     from transformer.app.mps import mps
     from transformer.app.runs import RunFailed
 
-    args = _recipe_parser().parse_intermixed_args()
+    parser = _recipe_parser()
+    args = parser.parse_intermixed_args()
+    if args.out_dir is None:  # optional to argparse, which would otherwise call the overrides required too
+        parser.error("give a recipe and its folder, e.g. transformer-recipe ensemble outputs/ensemble")
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     # Ctrl-C, and SIGTERM alike, end the recipe as KeyboardInterrupt wherever it is (MPS is stopped on the way out);
     # while runs train, the recipe passes them on instead (transformer.app.runs). Also when started in a script's
@@ -368,8 +371,8 @@ def _recipe_parser() -> Any:
     import argparse
 
     parser = argparse.ArgumentParser(prog="transformer-recipe", description=recipe_main.__doc__)
-    parser.add_argument("recipe", choices=["ensemble", "diversified", "best_gpu"])
-    parser.add_argument("out_dir", help="the recipe's folder: its runs, corpus and scores")
+    parser.add_argument("recipe", nargs="?", choices=["ensemble", "diversified", "best_gpu"])
+    parser.add_argument("out_dir", nargs="?", help="the recipe's folder: its runs, corpus and scores")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
     parser.add_argument("--seeds", type=_seeds, default=[1234, 1, 2], help="the runs' seeds (diversified: the "
                         "forward teachers'), comma-separated (default 1234,1,2)")

@@ -31,7 +31,7 @@ def mps(enabled: bool = True, probe: Sequence[str] = (sys.executable, "-c", _CUD
     """Run the block with MPS on where it can be; yields whether it is on. ``probe``: a command that succeeds when
     a CUDA process can use the daemon."""
     if not enabled:
-        log.info("MPS off: the CUDA processes take turns on the GPU")
+        log.debug("MPS not asked for: the CUDA processes, if any, take turns on the GPU")
         yield False
         return
     if shutil.which(CONTROL) is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -300,6 +301,9 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     if taken and not cfg.overwrite:
         raise ConfigError(f"output_dir: {out} already holds {', '.join(taken)} (a training run's or an earlier "
                           "evaluation's); evaluate into a new folder, or overwrite=true to replace them")
+    for key in ("src_file", "ref_file"):  # before the model is loaded
+        if (path := getattr(cfg, key)) is not None and not Path(path).is_file():
+            raise ConfigError(f"{key}: {path} is not a file")
     device = choose_device(cfg.device)
     if cfg.export_dir is not None:
         translator, trained = Translator.load(cfg.export_dir, device=device.type, eval_cfg=cfg.eval), None
@@ -428,6 +432,10 @@ def average(paths: list[str], out: str) -> None:
         raise ConfigError(f"{out} exists; the first argument names the new file the average is written to "
                           "(transformer-average OUT.pt IN1.pt IN2.pt ...), so choose a new name")
     check_same_vocabularies([load_trained(path, torch.device("cpu")) for path in paths], "averaged checkpoints")
+    for i, later in enumerate(paths):  # a run's best.pt and last.pt are links to its step files: count each once
+        if (same := next((p for p in paths[:i] if os.path.samefile(p, later)), None)) is not None:
+            raise ConfigError(f"{later} is the same file as {same} (a run's best.pt and last.pt are links to its "
+                              "step_N.pt files): name each checkpoint once")
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")
     save_model(average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")

@@ -176,6 +176,9 @@ def _fetch_multi30k_file(name: str, target: Path, source_dir: Path | None, base_
             f"{dest}: not found, and no checksum is known for {name!r} (known: {sorted(MULTI30K_SHA256)}); "
             "place the file there yourself or use data=custom"
         )
+    if source_dir is not None and not source_dir.is_dir():  # a mistyped path, not a wish to download
+        raise DataError(f"data.source_dir (or env MULTI30K_DIR)={source_dir}: directory not found; point it at a "
+                        f"local copy of Multi30k, or leave it unset to download {name}")
     local = source_dir / name if source_dir is not None else None
     if local is not None and local.is_file():
         logger.info("copying %s -> %s", local, dest)
@@ -247,6 +250,10 @@ def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
         return _find_split_file(directory, split, cfg.src, cfg), _find_split_file(directory, split, cfg.tgt, cfg)
     directory = cfg.corpus_dir
     if cfg.corpus is CorpusKind.multi30k:
+        known = (*MULTI30K_SPLITS, *MULTI30K_EXTRA_TESTS)
+        placed = any((directory / f"{split}.{cfg.src}{ext}").is_file() for ext in ("", ".gz"))  # counts too
+        if split not in known and not placed:
+            raise DataError(f"split {split!r}: Multi30k has no such split; it has {', '.join(known)}")
         prepare_multi30k(directory, langs=(cfg.src, cfg.tgt), splits=(split,), source_dir=cfg.source_dir)
     elif not directory.is_dir():
         raise DataError(f"data.dir={cfg.corpus_dir}: directory not found (data.corpus=custom)")

@@ -37,6 +37,9 @@ def find_checkpoint(run_dir: str | Path) -> Path:
     if Path(run_dir).is_file():
         raise ckpt.CheckpointError(f"run_dir: {run_dir} is a file; give a checkpoint file as checkpoint={run_dir}, "
                                    "or its run's folder as run_dir")
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"run_dir: {run_dir} does not exist; give a training run's folder "
+                                "(outputs/train/<run>)")
     run = ckpt.RunDir(Path(run_dir))
     candidates = (run.final, run.best, run.last)
     for path in candidates:

@@ -129,6 +129,9 @@ class Translator:
 
         Sentences are sorted by length and decoded ``eval.batch_size`` at a time (64 on a CPU, 512 on a GPU).
         """
+        if isinstance(sentences, str):  # a string is a sequence too: each character would be a sentence
+            raise TypeError(f"sentences: a list of sentences, got one string {sentences[:40]!r}; "
+                            "translate([sentence]) translates one")
         cfg = replace(self.eval, **{k: v for k, v in (("beam_size", beam_size), ("n_best", n_best)) if v is not None})
         if cfg.n_best > cfg.beam_size:
             raise ConfigError(f"n_best: {cfg.n_best} translations need beam_size >= {cfg.n_best}, got {cfg.beam_size}")

@@ -271,3 +271,29 @@ def test_resume_auto_starts_a_run_then_continues_it(toy_corpus: Path, tmp_path: 
     nameless = train("training.max_steps=10", "resume=auto")
     assert nameless.returncode == 1
     assert "resume: auto continues the run in hydra.run.dir" in nameless.stdout + nameless.stderr
+
+
+@pytest.mark.parametrize("command, overrides, setting", [
+    ("translate", ["eval.beam_size=3"], "eval:\n  beam_size: 3\n"),
+    ("train", ["model=small"], "model:\n  d_model: 256\n"),
+])
+def test_help_says_what_the_command_does_and_shows_its_settings_as_overridden(tmp_path, command, overrides,
+                                                                                setting) -> None:
+    done = subprocess.run([sys.executable, "-m", "transformer", command, "--help", *overrides], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert done.stdout.startswith(f"transformer-{command}: ") and "\nUsage:\n  transformer-" in done.stdout
+    assert setting in done.stdout and "docs/reference/configuration.md" in done.stdout
+    assert "Configuration groups" not in done.stdout and "powered by Hydra" not in done.stdout
+    assert list(tmp_path.iterdir()) == []  # help writes nothing
+
+
+def test_every_command_config_says_what_its_command_does() -> None:
+    import yaml
+
+    roots = [path for path in CONFIG_DIR.glob("*.yaml") if f"{path.stem}_schema" in path.read_text()]
+    assert len(roots) == 8
+    for path in roots:
+        header = yaml.safe_load(path.read_text())["hydra"]["help"]["header"]
+        assert header.startswith(f"transformer-{path.stem.replace('_', '-')}: "), path
+        assert f"\nUsage:\n  transformer-{path.stem.replace('_', '-')}" in header, path

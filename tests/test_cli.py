@@ -159,6 +159,11 @@ def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) 
     logs = [path.read_text() for path in run_dir.glob("*.log")]
     assert logs and all("training.lr: must be > 0" in text for text in logs)  # the run's log has it too
     assert not (run_dir / "checkpoints").exists()
+    # in a folder Hydra names itself, the refused command leaves no run behind
+    result = subprocess.run([sys.executable, "-m", "transformer", "train", "training.lr=-1"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "training.lr: must be > 0, got -1.0" in result.stdout + result.stderr
+    assert list((tmp_path / "outputs" / "train").iterdir()) == []
 
 
 def test_merge_overrides_keeps_the_runs_recipe_under_this_commands_values() -> None:

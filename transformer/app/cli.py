@@ -63,6 +63,7 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) 
         if isinstance(error, OSError):  # a full disk: the run's log file may be on it, so its handler fails quietly
             logging.raiseExceptions = False
         log.error("%s", error)  # to the console and, for runs with a directory, to its log file
+        _forget_refused_run()
         sys.exit(1)
     except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say)
         if error.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -74,6 +75,27 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) 
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
         log.error("%s", interrupt or "interrupted")
         sys.exit(130)
+
+
+def _forget_refused_run() -> None:
+    """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``) and
+    it holds nothing but Hydra's record and the log: listings of runs show only runs that started. A folder named
+    with ``hydra.run.dir`` keeps its log, which says why the command was refused."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if (hydra_cfg.mode != RunMode.RUN or hydra_cfg.output_subdir is None
+            or "hydra.run.dir" in _given(list(hydra_cfg.overrides.hydra))):
+        return
+    run = Path(hydra_cfg.runtime.output_dir)
+    made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
+    if run.is_dir() and run.resolve() != Path.cwd().resolve() and {p.name for p in run.iterdir()} <= made:
+        shutil.rmtree(run, ignore_errors=True)
 
 
 def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:

@@ -218,7 +218,7 @@ def test_average_writes_only_a_new_file_from_checkpoints_of_one_language_pair(tr
 
     linked = tmp_path / "linked.pt"  # another name of one file (as best.pt and last.pt are): counted once or refused
     os.link(b, linked)
-    with pytest.raises(ConfigError, match=r"linked\.pt is the same file as .*step_\d+\.pt \(a run's best\.pt and "
+    with pytest.raises(CheckpointError, match=r"linked\.pt is the same file as .*step_\d+\.pt \(a run's best\.pt and "
                                           r"last\.pt are links to its step_N\.pt files\): name each checkpoint once"):
         pipeline.average([a, b, str(linked)], str(tmp_path / "twice.pt"))
     assert not (tmp_path / "twice.pt").exists()

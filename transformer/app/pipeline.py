@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -432,10 +431,6 @@ def average(paths: list[str], out: str) -> None:
         raise ConfigError(f"{out} exists; the first argument names the new file the average is written to "
                           "(transformer-average OUT.pt IN1.pt IN2.pt ...), so choose a new name")
     check_same_vocabularies([load_trained(path, torch.device("cpu")) for path in paths], "averaged checkpoints")
-    for i, later in enumerate(paths):  # a run's best.pt and last.pt are links to its step files: count each once
-        if (same := next((p for p in paths[:i] if os.path.samefile(p, later)), None)) is not None:
-            raise ConfigError(f"{later} is the same file as {same} (a run's best.pt and last.pt are links to its "
-                              "step_N.pt files): name each checkpoint once")
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")
     save_model(average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")

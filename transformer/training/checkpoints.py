@@ -159,6 +159,10 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     """
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint path")
+    for i, later in enumerate(paths):  # a run's best.pt and last.pt are links to its step files: count each once
+        if (same := next((p for p in paths[:i] if os.path.samefile(p, later)), None)) is not None:
+            raise CheckpointError(f"{later} is the same file as {same} (a run's best.pt and last.pt are links to "
+                                  "its step_N.pt files): name each checkpoint once")
     total: dict[str, torch.Tensor] = {}
     reference: dict[str, torch.Tensor] = {}
     first = Path(paths[0])

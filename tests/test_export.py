@@ -276,3 +276,28 @@ def test_the_readme_translator_example_runs_on_an_export(one_run, tmp_path, caps
     assert printed[0] == str(translator.translate(["A man rides a bike."]))
     best = translator.translate_scored(["Two dogs play."], beam_size=4, n_best=2)[0]
     assert printed[1:] == [f"{h.score:.3f} {h.text}" for h in best] and len(best) == 2
+
+
+def test_the_commands_decode_an_export_with_its_search_and_take_it_only_as_export_dir(one_run, tmp_path):
+    import subprocess
+    import sys
+
+    out = export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none",
+                 {"beam_size": 3, "length_norm": "average"})
+    (tmp_path / "in.txt").write_text("a b c\nd e\n")
+
+    def translate_command(*overrides: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "transformer", "translate", f"input={tmp_path / 'in.txt'}",
+                               *overrides], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    gnmt = "eval.length_norm=gnmt has no CTranslate2 counterpart"
+    recorded = translate_command(f"export_dir={out}", "eval.n_best=2")  # the export's beam 3, average; 2 of them
+    assert recorded.returncode == 0 and gnmt not in recorded.stderr
+    assert [line.count("\t") for line in recorded.stdout.splitlines()] == [1, 1]
+    assert gnmt in translate_command(f"export_dir={out}", "eval.length_norm=gnmt").stderr  # the command line wins
+    wrong_key = translate_command(f"checkpoint={out}")
+    assert wrong_key.returncode == 1 and f"checkpoint: {out} is a CTranslate2 export; give it as export_dir={out}" \
+        in wrong_key.stderr
+    not_an_export = translate_command(f"export_dir={one_run}")
+    assert not_an_export.returncode == 1 and f"export_dir: {one_run} is not an export (no export.json" \
+        in not_an_export.stderr

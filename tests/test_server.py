@@ -125,6 +125,8 @@ BAD = [
     (b'{"text": 7}', 422, "text", "text: must be a string or a list of strings, got a number"),
     (b'{"text": []}', 422, "text", "text: is an empty list"),
     (b'{"text": ["a b", null]}', 422, "text[1]", r"text\[1\]: must be a string, got null"),
+    (b'{"text": ["a b", "c \\ud800"]}', 422, "text[1]",  # a JSON escape of half a surrogate pair
+     r"text\[1\]: holds an unpaired surrogate '\\ud800' at character 2: not valid Unicode"),
     (b'{"text": "a b", "beam_size": "4"}', 422, "beam_size", "beam_size: must be an integer, got a string"),
     (b'{"text": "a b", "beam_size": 0}', 422, "beam_size", r"beam_size: must be in 1\.\.64, got 0"),
     (b'{"text": "a b", "n_best": 5}', 422, "n_best", "n_best: 5 translations need beam_size >= 5, got 3"),
@@ -179,6 +181,9 @@ def test_attention_is_the_models_own_for_every_kind(served, run_dir):
     assert len(cut["source_pieces"]) == 63 and np.asarray(cut["cross"]).shape == (2, 2, 64, 63)
     refused = httpx.post(f"{url}/attention", json={"source": " ", "target": "a"})
     assert refused.status_code == 422 and refused.json()["field"] == "source"
+    refused = httpx.post(f"{url}/attention", content=b'{"source": "a", "target": "\\udc00"}',
+                         headers={"Content-Type": "application/json"})
+    assert refused.status_code == 422 and refused.json()["field"] == "target"
 
 
 def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):

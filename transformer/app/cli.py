@@ -175,25 +175,58 @@ def _train(cfg: DictConfig) -> float | None:
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
 
 
+def _export_search(cfg: DictConfig) -> DictConfig:
+    """``export_dir=``: the search its ``export.json`` records, under the ``eval.*`` settings given on the command
+    line (an ``eval=...`` group given: that group's search, as for a run)."""
+    import json
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from transformer.inference.export import EXPORT_FILE
+
+    record = Path(str(cfg.export_dir)) / EXPORT_FILE if cfg.get("export_dir") else None
+    given = _given(list(HydraConfig.get().overrides.task)) if record is not None and record.is_file() else {"eval": 1}
+    if "eval" not in given:
+        for key, value in json.loads(record.read_text(encoding="utf-8")).get("decoding", {}).items():
+            if key in cfg.eval and f"eval.{key}" not in given:
+                cfg.eval[key] = value
+    return cfg
+
+
+def _one_kind_of_source(cfg: Any) -> Any:
+    """An export is given only as ``export_dir``, and ``export_dir`` is only an export: refused by key before
+    anything loads."""
+    from transformer.config import ConfigError
+    from transformer.inference.export import EXPORT_FILE
+
+    for key in ("run_dir", "checkpoint", "export_dir"):
+        if (path := getattr(cfg, key)) is not None and (Path(path) / EXPORT_FILE).is_file() != (key == "export_dir"):
+            raise ConfigError(f"{key}: {path} is a CTranslate2 export; give it as export_dir={path}"
+                              if key != "export_dir" else
+                              f"export_dir: {path} is not an export (no {EXPORT_FILE}; transformer-export makes one); "
+                              "give a run as run_dir=... or a checkpoint as checkpoint=...")
+    return cfg
+
+
 @hydra.main(config_path=CONFIG_PATH, config_name="evaluate", version_base="1.3")
 def _evaluate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(pipeline.evaluate, cfg)
+    _run(lambda typed: pipeline.evaluate(_one_kind_of_source(typed)), _export_search(cfg))
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="translate", version_base="1.3")
 def _translate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(pipeline.translate, cfg)
+    _run(lambda typed: pipeline.translate(_one_kind_of_source(typed)), _export_search(cfg))
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="serve", version_base="1.3")
 def _serve(cfg: DictConfig) -> None:
     from transformer.app import server
 
-    _run(server.serve, cfg)
+    _run(lambda typed: server.serve(_one_kind_of_source(typed)), _export_search(cfg))
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="diversify", version_base="1.3")

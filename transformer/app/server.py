@@ -116,7 +116,18 @@ def _text_field(request: dict[str, Any], name: str, required: bool = True) -> st
         raise RequestError(422, name, "is required")
     if not isinstance(value, str):
         raise RequestError(422, name, f"must be a string, got {_json_type(value)}")
-    return value
+    return _encodable(value, name)
+
+
+def _encodable(text: str, field: str) -> str:
+    """``text`` if it is valid Unicode; JSON's ``\\ud800`` escapes can make a lone surrogate, which no tokenizer
+    takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise RequestError(422, field, f"holds an unpaired surrogate {text[error.start]!r} at character "
+                                       f"{error.start}: not valid Unicode") from None
+    return text
 
 
 def _int_field(request: dict[str, Any], name: str, low: int, high: int) -> int | None:
@@ -136,7 +147,7 @@ def parse_sentences(request: dict[str, Any]) -> list[str]:
     if text is None:
         raise RequestError(422, "text", "is required: a string or a list of strings")
     if isinstance(text, str):
-        return [text]
+        return [_encodable(text, "text")]
     if not isinstance(text, list):
         raise RequestError(422, "text", f"must be a string or a list of strings, got {_json_type(text)}")
     if not text:
@@ -144,6 +155,7 @@ def parse_sentences(request: dict[str, Any]) -> list[str]:
     for i, item in enumerate(text):
         if not isinstance(item, str):
             raise RequestError(422, f"text[{i}]", f"must be a string, got {_json_type(item)}")
+        _encodable(item, f"text[{i}]")
     return text
 
 

@@ -191,7 +191,8 @@ def test_evaluate_needs_exactly_one_model_source(compose_config):
 
 @pytest.mark.parametrize("override, key", [("attention.max_tokens=0", "attention.max_tokens"),
                                            ("attention.indices=[3,-1]", "attention.indices"),
-                                           ("attention.texts=['a dog .',' ']", r"attention.texts\[1\]")])
+                                           ("attention.texts=['a dog .',' ']", r"attention.texts\[1\]"),
+                                           ("attention.format=html", "attention.format")])  # html of nothing
 def test_bad_attention_dump_value_names_the_key(compose_config, override, key):
     with pytest.raises(ConfigError, match=f"^{key}:"):
         OmegaConf.to_object(compose_config("evaluate", ["run_dir=outputs/train/x", override, *RUN]))

@@ -235,6 +235,12 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
         with pytest.raises(TypeError, match=r"sentences: a list of sentences, got one string 'a b c'; "
                                             r"translate\(\[sentence\]\) translates one"):
             either.translate("a b c")
+        with pytest.raises(TypeError, match=r"^sentences\[1\]: must be a string, got NoneType$"):
+            either.translate(["a b", None])
+        with pytest.raises(TypeError, match=r"^beam_size: must be an integer, got '4'$"):
+            either.translate(["a b"], beam_size="4")
+        with pytest.raises(ConfigError, match=r"^n_best: 3 translations need beam_size >= 3, got 2$"):
+            either.translate(["a b"], beam_size=2, n_best=3)
     with pytest.raises(ConfigError, match="backend: ctranslate2 runs an export; make one with transformer-export"):
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
@@ -301,3 +307,16 @@ def test_the_commands_decode_an_export_with_its_search_and_take_it_only_as_expor
     not_an_export = translate_command(f"export_dir={one_run}")
     assert not_an_export.returncode == 1 and f"export_dir: {one_run} is not an export (no export.json" \
         in not_an_export.stderr
+
+
+def test_an_export_cuts_an_over_long_line_with_the_warning_the_torch_backend_gives(one_run, tmp_path):
+    from transformer import Translator
+
+    out = export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    for path in (one_run, out):
+        translator = Translator.load(path, eval_cfg=EvalConfig(beam_size=1))
+        limit = translator.max_positions
+        lines = ["a b", " ".join(["a"] * (limit + 6))]
+        cut = rf"1 input line\(s\) longer than {limit} source tokens were truncated: line 2 \({limit + 6} tokens\)"
+        with pytest.warns(UserWarning, match=cut):
+            translator.translate(lines)

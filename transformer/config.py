@@ -386,6 +386,8 @@ class AttentionDumpConfig:
     def __post_init__(self) -> None:
         check(self.max_tokens >= 1, "attention.max_tokens", f"must be >= 1, got {self.max_tokens}")
         check(self.format in ("png", "html"), "attention.format", f"must be png or html, got {self.format!r}")
+        check(self.format == "png" or bool(self.indices or self.texts), "attention.format",
+              "html draws the sentences of attention.indices=[...] or attention.texts=[...]: give one of them")
         check(all(i >= 0 for i in self.indices), "attention.indices", f"must be >= 0, got {list(self.indices)}")
         for i, text in enumerate(self.texts):
             check(bool(text.strip()), f"attention.texts[{i}]", "is empty: there is nothing to draw attention for")

@@ -61,7 +61,7 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
-    ids = _encode_sources(texts, src_tok, max_src_len)
+    ids = encode_sources(texts, src_tok, max_src_len)
     outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * cfg.n_best for _ in texts]
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
@@ -83,7 +83,7 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
     return outputs
 
 
-def _encode_sources(texts: list[str], src_tok: Tokenizer, max_src_len: int) -> list[list[int]]:
+def encode_sources(texts: list[str], src_tok: Tokenizer, max_src_len: int) -> list[list[int]]:
     """Source ids per line (empty for blank lines), cut to ``max_src_len`` with a warning."""
     ids = [src_tok.encode(text) if text.strip() else [] for text in texts]
     too_long = [(line_no, len(seq)) for line_no, seq in enumerate(ids, start=1) if len(seq) > max_src_len]

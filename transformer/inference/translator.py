@@ -24,7 +24,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, 
 from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
 from transformer.inference.export import EXPORT_FILE
 from transformer.inference.loading import TrainedModel, load_model
-from transformer.inference.translation import translate_scored
+from transformer.inference.translation import encode_sources, translate_scored
 from transformer.runtime import decode_batch_size
 
 log = logging.getLogger(__name__)
@@ -132,9 +132,17 @@ class Translator:
         if isinstance(sentences, str):  # a string is a sequence too: each character would be a sentence
             raise TypeError(f"sentences: a list of sentences, got one string {sentences[:40]!r}; "
                             "translate([sentence]) translates one")
-        cfg = replace(self.eval, **{k: v for k, v in (("beam_size", beam_size), ("n_best", n_best)) if v is not None})
-        if cfg.n_best > cfg.beam_size:
-            raise ConfigError(f"n_best: {cfg.n_best} translations need beam_size >= {cfg.n_best}, got {cfg.beam_size}")
+        if (bad := next((i for i, s in enumerate(sentences) if not isinstance(s, str)), None)) is not None:
+            raise TypeError(f"sentences[{bad}]: must be a string, got {type(sentences[bad]).__name__}")
+        given = {k: v for k, v in (("beam_size", beam_size), ("n_best", n_best)) if v is not None}
+        for key, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{key}: must be an integer, got {value!r}")
+        cfg = {**asdict(self.eval), **given}
+        if cfg["n_best"] > cfg["beam_size"]:
+            raise ConfigError(f"n_best: {cfg['n_best']} translations need beam_size >= {cfg['n_best']}, "
+                              f"got {cfg['beam_size']}")
+        cfg = replace(self.eval, **given)
         if self._trained is not None:
             scored = translate_scored(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg, self.device,
                                       self.max_positions)
@@ -148,8 +156,8 @@ class Translator:
                         "(average) instead")
             self._warned_gnmt = True
         penalty = 0.0 if cfg.length_norm is LengthNorm.none else 1.0
-        tokens = [[self.src_tok.id_to_piece(i) for i in self.src_tok.encode(s)][: self.max_positions]
-                  if s.strip() else [] for s in sentences]
+        tokens = [[self.src_tok.id_to_piece(i) for i in ids]  # cut to the model's positions, with a warning
+                  for ids in encode_sources(sentences, self.src_tok, self.max_positions)]
         out = [[Translation("", 0.0)] * cfg.n_best for _ in sentences]
         groups: dict[int, list[int]] = {}
         for i, source in enumerate(tokens):

@@ -149,6 +149,46 @@ def test_a_bad_request_is_refused_naming_the_field_and_the_server_goes_on(served
     assert httpx.post(f"{url}/translate", json={"text": "a b c"}).status_code == 200
 
 
+def _until(condition, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_request_whose_client_leaves_while_it_waits_is_never_decoded(served):
+    import socket
+    import threading
+
+    url, app = served
+    decoder, calls, hold = app.state.batcher, [], threading.Event()
+    decode = decoder.decode
+
+    def held(sentences, beam_size, n_best):  # the first batch holds the decoder until told
+        calls.append(list(sentences))
+        hold.wait(30)
+        return decode(sentences, beam_size, n_best)
+
+    decoder.decode = held
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, f"{url}/translate", json={"text": "a b"}, timeout=60)
+            _until(lambda: calls == [["a b"]])
+            body = json.dumps({"text": "c d"}).encode()
+            with socket.create_connection(tuple(url.removeprefix("http://").split(":"))) as leaving:
+                leaving.sendall(b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                _until(lambda: decoder.waiting == 2)  # "c d" queued behind "a b"
+            _until(lambda: decoder.waiting == 1)  # the server saw its client leave
+            hold.set()
+            assert first.result().status_code == 200
+        assert httpx.post(f"{url}/translate", json={"text": "e f"}).status_code == 200
+        assert calls == [["a b"], ["e f"]]
+    finally:
+        hold.set()
+        decoder.decode = decode
+
+
 def test_an_over_long_line_is_cut_to_the_models_limit_with_a_warning(served, run_dir):
     url, _ = served
     long_line = " ".join(["a", "b", "c", "d"] * 25)  # 100 tokens; the model has 64 positions
@@ -200,7 +240,16 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
         response = httpx.get(url + path)
         assert response.status_code == 200 and "http://" not in response.text and "https://" not in response.text
     assert "/static/explorer.js" in httpx.get(url).text
-    assert httpx.get(f"{url}/openapi.json").json()["paths"]["/translate"]["post"]["requestBody"]["required"]
+    api = httpx.get(f"{url}/openapi.json").json()["paths"]
+    assert api["/translate"]["post"]["requestBody"]["required"]
+    assert sorted(api["/translate"]["post"]["responses"]) == ["200", "400", "413", "422"]
+    assert sorted(api["/attention"]["post"]["responses"]) == ["200", "400", "413", "422", "503"]
+    for method, path, status in (("GET", "/nothing", 404), ("GET", "/translate", 405)):
+        answer = httpx.request(method, url + path)
+        assert answer.status_code == status
+        assert answer.json() == {"error": f"{method} {path}: {'Not Found' if status == 404 else 'Method Not Allowed'}",
+                                 "field": None}
+    assert httpx.get(f"{url}/translate").headers["allow"] == "POST"
 
 
 def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpoint(run_dir, tmp_path):
@@ -227,25 +276,26 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
         assert "the export's source checkpoint" in refused.json()["error"]
 
 
-def test_the_command_serves_until_interrupted(run_dir, tmp_path):
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", f"run_dir={run_dir}", f"port={port}",
+def test_the_command_serves_until_interrupted_and_names_the_port_it_chose(run_dir, tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", f"run_dir={run_dir}", "port=0",
                                 "eval=greedy", "device=cpu"], cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
+        output = []
+        for line in process.stdout:  # ends if the command fails
+            output.append(line)
+            if match := re.search(r"serving .* at http://127\.0\.0\.1:(\d+)/ ", line):
+                break
+        assert match, "".join(output)
+        url, deadline = f"http://127.0.0.1:{match[1]}", time.monotonic() + 60
+        while True:  # the port is bound before the line; uvicorn listens on it once the app has started
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                if httpx.get(f"{url}/health").status_code == 200:
                     break
             except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+                assert process.poll() is None and time.monotonic() < deadline
                 time.sleep(0.2)
-        answer = httpx.post(f"http://127.0.0.1:{port}/translate", json={"text": sentences(run_dir)[0]}).json()
+        answer = httpx.post(f"{url}/translate", json={"text": sentences(run_dir)[0]}).json()
         assert answer["translations"][0][0]["text"] == expected(run_dir, sentences(run_dir)[:1], beam_size=1)[0][0][0]
     finally:
         process.terminate()

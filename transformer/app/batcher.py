@@ -19,9 +19,7 @@ from transformer.inference.translator import Translation
 log = logging.getLogger(__name__)
 
 
-
-
-@dataclass
+@dataclass(eq=False)  # hashed by identity
 class _Job:
     sentences: list[str]
     key: tuple[int, int]  # (beam_size, n_best): only equal settings decode together
@@ -40,6 +38,12 @@ class Batcher:
         self._queue: asyncio.Queue[_Job] | None = None
         self._held: deque[_Job] = deque()  # taken from the queue but not batchable with the batch being formed
         self._task: asyncio.Task | None = None
+        self._waiting: set[_Job] = set()  # the jobs whose clients wait for an answer
+
+    @property
+    def waiting(self) -> int:
+        """Requests whose clients wait for an answer: queued or being decoded."""
+        return len(self._waiting)
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -54,8 +58,12 @@ class Batcher:
                         tokens: int) -> list[list[Translation]]:
         assert self._queue is not None, "Batcher.start() first"
         job = _Job(sentences, (beam_size, n_best), tokens, asyncio.get_running_loop().create_future())
-        await self._queue.put(job)
-        return await job.future
+        self._waiting.add(job)
+        try:
+            await self._queue.put(job)
+            return await job.future  # cancelled (the client left): the job is dropped unless already decoding
+        finally:
+            self._waiting.discard(job)
 
     async def run(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)`` on the decoding thread (anything else that uses the model)."""

@@ -19,11 +19,14 @@ alone, in arrival order. One thread decodes; the event loop keeps accepting requ
 
 A bad request gets a 4xx JSON ``{"error": "<field>: <what is wrong>", "field": "<field>"}`` and changes nothing:
 a body that is not UTF-8 or not JSON, a wrong type, an empty list, more than ``max_sentences`` sentences or
-``max_request_tokens`` source tokens. A line longer than the model's position limit is cut to it, with a warning.
+``max_request_tokens`` source tokens; an unknown path or method gets the same shape (``"field": null``). A line
+longer than the model's position limit is cut to it, with a warning. A request whose client disconnects while it
+waits in the queue is dropped there, so an abandoned request does not hold the decoder.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -36,6 +39,7 @@ from typing import Any, Iterator
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
 
 from transformer import files
 from transformer.app.batcher import Batcher
@@ -157,6 +161,27 @@ def parse_sentences(request: dict[str, Any]) -> list[str]:
             raise RequestError(422, f"text[{i}]", f"must be a string, got {_json_type(item)}")
         _encodable(item, f"text[{i}]")
     return text
+
+
+async def unless_client_leaves(request: Request, answer: Any) -> Any:
+    """Await the coroutine ``answer``, cancelled if the client disconnects first (its queued job is then dropped).
+
+    Called once the body is read: the server's next message on the request is then its disconnect."""
+    work = asyncio.ensure_future(answer)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not work.done():
+        work.cancel()
+        raise RequestError(499, "client", "disconnected before the answer was ready")  # for the log: none reads it
+    return work.result()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -288,6 +313,11 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
     async def refused(request: Request, error: RequestError) -> JSONResponse:
         return JSONResponse({"error": str(error), "field": error.field}, status_code=error.status)
 
+    @app.exception_handler(HTTPException)
+    async def not_here(request: Request, error: HTTPException) -> JSONResponse:  # an unknown path or method
+        return JSONResponse({"error": f"{request.method} {request.url.path}: {error.detail}", "field": None},
+                            status_code=error.status_code, headers=error.headers)
+
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
@@ -297,14 +327,17 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
     @app.post("/translate", openapi_extra=_body_schema({
         "text": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
         "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_BEAM},
-        "n_best": {"type": "integer", "minimum": 1}}, ["text"]))
+        "n_best": {"type": "integer", "minimum": 1}}, ["text"]), responses=_responses(TRANSLATED, 400, 413, 422))
     async def translate(request: Request) -> dict[str, Any]:
-        return await service.translate(parse_body(await read_body(request)))
+        body = parse_body(await read_body(request))
+        return await unless_client_leaves(request, service.translate(body))
 
     @app.post("/attention", openapi_extra=_body_schema(
-        {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]))
+        {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]),
+        responses=_responses(ATTENDED, 400, 413, 422, 503))
     async def attention(request: Request) -> dict[str, Any]:
-        return await service.attention(parse_body(await read_body(request)))
+        body = parse_body(await read_body(request))
+        return await unless_client_leaves(request, service.attention(body))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -322,6 +355,31 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
                          "explore attention")
 
     return app
+
+
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_MAPS = {"type": "array", "description": "[layer][head][query][key] attention weights",
+         "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}}
+TRANSLATED = {"type": "object", "required": ["translations", "warnings"], "properties": {
+    "translations": {"type": "array", "description": "per sentence, its n_best translations, best first",
+                     "items": {"type": "array", "items": {"type": "object", "required": ["text", "score"],
+                                                          "properties": {"text": {"type": "string"},
+                                                                         "score": {"type": "number"}}}}},
+    "warnings": _STRINGS}}
+ATTENDED = {"type": "object", "properties": {
+    "source_pieces": _STRINGS, "target_pieces": _STRINGS, "target_input_pieces": _STRINGS,
+    "encoder": _MAPS, "decoder": _MAPS, "cross": _MAPS, "warnings": _STRINGS}}
+_REFUSED = {400: "the body is not UTF-8 or not JSON", 413: "the body, the sentences or the tokens exceed a limit",
+            422: "a field is missing, of the wrong type or out of range", 503: "attention maps are not available"}
+
+
+def _responses(answer: dict[str, Any], *refusals: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI page's responses: the answer's schema, and each refusal in the ``{"error", "field"}`` shape."""
+    error = {"type": "object", "required": ["error", "field"],
+             "properties": {"error": {"type": "string"}, "field": {"type": ["string", "null"]}}}
+    return {200: {"description": "the answer", "content": {"application/json": {"schema": answer}}},
+            **{status: {"description": _REFUSED[status], "content": {"application/json": {"schema": error}}}
+               for status in refusals}}
 
 
 def _body_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -357,7 +415,9 @@ def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     model = load_served_model(cfg)
-    app = create_app(model, cfg)
+    config = uvicorn.Config(create_app(model, cfg), host=cfg.host, port=cfg.port, log_level="info")
+    socket = config.bind_socket()  # bound here, so that the line below names the port port=0 chose
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     log.info("serving %s (%s) at http://%s:%d/ (API docs at /docs)", model.info["checkpoint"],
-             model.info["backend"], cfg.host, cfg.port)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="info")
+             model.info["backend"], host, socket.getsockname()[1])
+    uvicorn.Server(config).run(sockets=[socket])

@@ -4,8 +4,11 @@ is written; an export never overwrites and appears whole or not at all."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,7 +186,9 @@ def test_the_command_exports_what_plain_ctranslate2_translates_as_transformer_tr
         command("-m", "transformer", "evaluate", source, "eval=greedy", f"hydra.run.dir=eval_{name}")
     on_run, on_export = (json.loads((tmp_path / f"eval_{name}" / "metrics.json").read_text())
                          for name in ("run", "export"))
-    assert on_export["export"] == "exported" and on_export["test_set"] == on_run["test_set"] == "test.src-tgt"
+    assert on_export["test_set"] == on_run["test_set"] == "test.src-tgt"
+    assert on_export["export"] == str(tmp_path / "exported")  # named as given (relative), recorded absolute
+    assert on_run["checkpoint"] == str(tmp_path / "run" / "checkpoints" / "final.pt")
     assert on_export["bleu"] == on_run["bleu"] > 0
     hypotheses = [(tmp_path / f"eval_{name}" / "hypotheses.txt").read_text() for name in ("run", "export")]
     assert hypotheses[0] == hypotheses[1]
@@ -201,6 +206,12 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
     assert from_export.translate(sentences) == greedy and greedy[-1] == [""]  # the export's own search: greedy
     fixed_shape = Translator.load(tmp_path / "run", eval_cfg=EvalConfig(beam_size=1, fixed_shape=True))
     assert fixed_shape.translate(sentences) == greedy
+    for norm, cut in itertools.product(LengthNorm, (False, True)):  # greedy: the same scores, normalised as here
+        search = EvalConfig(beam_size=1, length_norm=norm, **({"max_len_a": 0.0, "max_len_b": 2} if cut else {}))
+        _same([[(t.text, t.score) for t in nbest] for nbest in
+               Translator.load(tmp_path / "run", eval_cfg=search).translate_scored(sentences)],
+              [[(t.text, t.score) for t in nbest] for nbest in
+               Translator.load(tmp_path / "exported", eval_cfg=search).translate_scored(sentences)])
     for norm in (LengthNorm.average, LengthNorm.none):  # beam search: the same hypotheses and scores
         search = EvalConfig(beam_size=4, n_best=1 if norm is LengthNorm.none else 3, length_norm=norm)
         on_run = Translator.load(tmp_path / "run", eval_cfg=search).translate_scored(sentences)
@@ -231,6 +242,15 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
         "instead") == 1
     average = Translator.load(out, eval_cfg=EvalConfig(beam_size=3, length_norm=LengthNorm.average))
     assert average.translate_scored(sentences) == first
+    with caplog.at_level("WARNING", logger="transformer.inference.translator"):
+        Translator.load(out, eval_cfg=EvalConfig(beam_size=1)).translate_scored(sentences)  # greedy: exact, unsaid
+        unnormalised = Translator.load(out, eval_cfg=EvalConfig(beam_size=3, n_best=2, length_norm=LengthNorm.none))
+        unnormalised.translate_scored(sentences)
+        unnormalised.translate_scored(sentences)
+    messages = [r.message for r in caplog.records]
+    assert sum("length_norm=gnmt" in m for m in messages) == 1
+    assert messages.count("eval.length_norm=none: CTranslate2's beam search stops once its best hypothesis ends, so "
+                          "only the best of the n_best is this app's") == 1
     for either in (translator, Translator.load(one_run)):  # one string is refused, not read as its characters
         with pytest.raises(TypeError, match=r"sentences: a list of sentences, got one string 'a b c'; "
                                             r"translate\(\[sentence\]\) translates one"):
@@ -245,6 +265,40 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
         Translator.load(tmp_path / "exported", backend="torch")
+
+
+def test_a_damaged_export_or_a_missing_ctranslate2_is_refused_in_one_line(one_run, tmp_path, monkeypatch):
+    import importlib.util
+
+    from transformer import Translator
+
+    out = export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    assert Translator.load(out, device="auto").device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert Translator.load(out, device=torch.device("cpu")).device == "cpu"
+    with pytest.raises(ConfigError, match=r"^device: 'gpu' is not a device"):
+        Translator.load(out, device="gpu")
+    record = json.loads((out / "export.json").read_text())
+    (out / "export.json").write_text(json.dumps({**record, "decoding": {"length_norm": "sideways"}}))
+    with pytest.raises(ConfigError, match=r"export\.json: decoding: 'sideways' is not a valid LengthNorm"):
+        Translator.load(out)
+    for damaged, message in (({**record, "decoding": [1]}, r"decoding must be an object; export the model again"),
+                             ({**record, "data": {"src": "src"}}, r"data must be an object with src, tgt;")):
+        (out / "export.json").write_text(json.dumps(damaged))
+        with pytest.raises(ConfigError, match=rf"^export_dir: .*export\.json: {message}"):
+            Translator.load(out)
+    (out / "export.json").write_text(json.dumps(record)[:-20])  # cut short
+    with pytest.raises(ConfigError, match=r"^export_dir: .*export\.json is not valid JSON \(.*line 1 column"):
+        Translator.load(out)
+    completed = subprocess.run([sys.executable, "-m", "transformer", "translate", f"export_dir={out}"], cwd=tmp_path,
+                               input="a b\n", capture_output=True, text=True)
+    assert completed.returncode == 1 and "Traceback" not in completed.stderr, completed.stderr
+    assert "export.json is not valid JSON" in completed.stdout + completed.stderr
+    (out / "export.json").write_text(json.dumps(record))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "ctranslate2" else real_find_spec(name, *a, **k))
+    with pytest.raises(ConfigError, match=r"is a CTranslate2 export, and decoding it needs CTranslate2: pip install"):
+        Translator.load(out)
 
 
 def test_translate_and_evaluate_take_one_model_source_and_no_ensemble_with_an_export():

@@ -54,18 +54,18 @@ def test_translate_keeps_line_alignment_and_handles_odd_input() -> None:
     cfg = EvalConfig(beam_size=3, n_best=2, batch_size=2, max_len_a=1.0, max_len_b=2)
     truncated = r"1 input line\(s\) longer than 10 source tokens were truncated: line 7 \(12 tokens\)"
     with pytest.warns(UserWarning, match=truncated):
-        out = translate(model, texts, src_tok, tgt_tok, cfg, "cpu", max_src_len=10)
+        out = translate(model, texts, src_tok, tgt_tok, cfg, "cpu", max_positions=10)
     assert model.training, "translate restores the training mode"
     assert len(out) == len(texts) and all(len(nbest) == 2 for nbest in out)
     assert out[1] == ["", ""] and out[3] == ["", ""]
     # each line translated alone (batch of one) gives the same n-best: batching and sorting keep alignment
     for i in (0, 2, 4, 5):
-        assert translate(model, [texts[i]], src_tok, tgt_tok, cfg, "cpu", max_src_len=10)[0] == out[i]
+        assert translate(model, [texts[i]], src_tok, tgt_tok, cfg, "cpu", max_positions=10)[0] == out[i]
     # the output strings are the target tokenizer's decoding of the beam search result
     src = torch.tensor([src_tok.encode(texts[0])])
     hyps = beam_search(model.eval(), src, beam_size=3, n_best=2, length_penalty=cfg.length_penalty,
                        length_norm=cfg.length_norm, max_len_a=1.0, max_len_b=2, max_tgt_len=10, **SPECIAL)[0]
     assert out[0] == [tgt_tok.decode(h.tokens) for h in hyps]
     greedy_cfg = EvalConfig(beam_size=1, n_best=1, batch_size=3, max_len_a=1.0, max_len_b=2)
-    greedy = translate(model, texts, src_tok, tgt_tok, greedy_cfg, "cpu", max_src_len=20)
+    greedy = translate(model, texts, src_tok, tgt_tok, greedy_cfg, "cpu", max_positions=20)
     assert [len(nbest) for nbest in greedy] == [1] * len(texts) and greedy[1] == [""]

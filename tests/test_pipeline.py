@@ -182,6 +182,13 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     lines = out.read_text(encoding="utf-8").split("\n")[:-1]
     assert len(lines) == 4 and lines[2] == ""
 
+    translations = []
+    for mark in (b"", b"\xef\xbb\xbf"):  # a byte-order mark (Notepad's UTF-8) is not part of line 1
+        source.write_bytes(mark + b"a\nf g\n")
+        pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}", "overwrite=true")))
+        translations.append(out.read_text(encoding="utf-8"))
+    assert translations[0] == translations[1]
+
     source.write_bytes(b"a b\nc \xff d\n")
     with pytest.raises(ConfigError, match=rf"^input: {source}:2 is not valid UTF-8"):
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}", "overwrite=true")))
@@ -191,6 +198,22 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     with pytest.raises(ConfigError, match=r"^output: .*in\.txt is the input file"):  # the same file, named otherwise
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / '.' / 'in.txt'}")))
     assert source.read_text(encoding="utf-8") == "a b\n"
+
+
+def test_translate_into_a_pipe_its_reader_closed_ends_quietly(trained_run, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    reader, writer = os.pipe()
+    os.close(reader)  # `transformer-translate ... | head -0`: nobody reads the translations
+    try:
+        completed = subprocess.run([sys.executable, "-m", "transformer", "translate", f"run_dir={trained_run[0]}",
+                                    "eval=greedy", "device=cpu"], cwd=tmp_path, input=b"a b\n" * 20,
+                                   stdout=writer, stderr=subprocess.PIPE)
+    finally:
+        os.close(writer)
+    assert completed.returncode == 141 and b"Traceback" not in completed.stderr, completed.stderr.decode()
 
 
 def test_average_writes_only_a_new_file_from_checkpoints_of_one_language_pair(trained_run, tmp_path):

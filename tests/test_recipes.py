@@ -153,7 +153,23 @@ def test_a_bad_override_stops_diversification_before_any_training(tmp_path, fake
     options = recipes.Options(tmp_path / "div", ["model.n_head=3"], train_command=command)
     with pytest.raises(ConfigError, match=r"do not compose \(training.max_minutes=null model.n_head=3\).*n_head"):
         recipes.diversified(options, recipes.Diversified())
+    with pytest.raises(ConfigError, match=r"^student-seeds: the recipe ends in its students"):
+        recipes.diversified(options, recipes.Diversified(student_seeds=[], wide_student_seeds=[]))
     assert recorded() == [] and not (tmp_path / "div").exists()
+
+
+def test_the_closing_hint_names_the_ensemble_only_when_there_is_one():
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for metrics in ({"checkpoint": "/r/student/seed_1/checkpoints/final.pt"},
+                    {"checkpoint": "/my runs/a,b.pt", "ensemble": ["/my runs/it's", "/r/[c]=d"]}):
+        hint = recipes.translate_hint(metrics)
+        command = shlex.split(hint.removeprefix("translate with it: ").removesuffix(" < input.txt > output.txt"))
+        assert command[0] == "transformer-translate" and len(command) == (3 if "ensemble" in metrics else 2)
+        values = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(command[1:])}
+        assert values == {key: metrics[key] for key in ("checkpoint", "ensemble") if key in metrics}
 
 
 def test_the_command_line_reports_a_bad_override_in_one_line(tmp_path):

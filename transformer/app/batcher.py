@@ -34,7 +34,7 @@ class Batcher:
                  max_wait_s: float, batch_tokens: int) -> None:
         self.decode, self.batching, self.max_wait_s, self.batch_tokens = decode, batching, max_wait_s, batch_tokens
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")  # the model's one user
-        self.batch_sizes: list[int] = []  # requests per decoded batch, for tests and logs
+        self.batches = self.requests = 0  # decoded so far: batches, and the requests in them
         self._queue: asyncio.Queue[_Job] | None = None
         self._held: deque[_Job] = deque()  # taken from the queue but not batchable with the batch being formed
         self._task: asyncio.Task | None = None
@@ -76,7 +76,9 @@ class Batcher:
         if not self.batching:
             return batch
         for job in list(self._held):  # earlier arrivals first
-            if job.key == first.key and tokens + job.tokens <= self.batch_tokens:
+            if job.future.done():  # its client left
+                self._held.remove(job)
+            elif job.key == first.key and tokens + job.tokens <= self.batch_tokens:
                 self._held.remove(job)
                 batch.append(job)
                 tokens += job.tokens
@@ -92,6 +94,8 @@ class Batcher:
                     break
             else:
                 job = self._queue.get_nowait()
+            if job.future.done():  # its client left: it takes no room in the batch
+                continue
             if job.key == first.key and tokens + job.tokens <= self.batch_tokens:
                 batch.append(job)
                 tokens += job.tokens
@@ -111,7 +115,7 @@ class Batcher:
             if not batch:
                 continue
             sentences = [sentence for job in batch for sentence in job.sentences]
-            self.batch_sizes.append(len(batch))
+            self.batches, self.requests = self.batches + 1, self.requests + len(batch)
             try:
                 results = await self.run(self.decode, sentences, *batch[0].key)
             except Exception as error:  # a failed decoding fails its requests, not the server

@@ -52,9 +52,13 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             DiskFullError, HydraException, OmegaConfBaseException)
 
 
-def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True) -> Any:
-    """``command`` on the typed config (``typed=False``: on ``cfg`` as it is), a user error as one logged line."""
+def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
+         prepare: Callable[[DictConfig], DictConfig] | None = None) -> Any:
+    """``command`` on the typed config (``typed=False``: on ``cfg`` as it is; ``prepare``: on ``prepare(cfg)``), a
+    user error as one logged line."""
     try:
+        if prepare is not None:
+            cfg = prepare(cfg)
         if typed:
             cfg = OmegaConf.to_object(cfg)  # runs every __post_init__ check
             refuse_unknown_keys(cfg)
@@ -178,16 +182,14 @@ def _train(cfg: DictConfig) -> float | None:
 def _export_search(cfg: DictConfig) -> DictConfig:
     """``export_dir=``: the search its ``export.json`` records, under the ``eval.*`` settings given on the command
     line (an ``eval=...`` group given: that group's search, as for a run)."""
-    import json
-
     from hydra.core.hydra_config import HydraConfig
 
-    from transformer.inference.export import EXPORT_FILE
+    from transformer.inference.export import EXPORT_FILE, read_export_record
 
     record = Path(str(cfg.export_dir)) / EXPORT_FILE if cfg.get("export_dir") else None
     given = _given(list(HydraConfig.get().overrides.task)) if record is not None and record.is_file() else {"eval": 1}
     if "eval" not in given:
-        for key, value in json.loads(record.read_text(encoding="utf-8")).get("decoding", {}).items():
+        for key, value in read_export_record(record.parent).get("decoding", {}).items():
             if key in cfg.eval and f"eval.{key}" not in given:
                 cfg.eval[key] = value
     return cfg
@@ -212,21 +214,21 @@ def _one_kind_of_source(cfg: Any) -> Any:
 def _evaluate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(lambda typed: pipeline.evaluate(_one_kind_of_source(typed)), _export_search(cfg))
+    _run(lambda typed: pipeline.evaluate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="translate", version_base="1.3")
 def _translate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(lambda typed: pipeline.translate(_one_kind_of_source(typed)), _export_search(cfg))
+    _run(lambda typed: pipeline.translate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="serve", version_base="1.3")
 def _serve(cfg: DictConfig) -> None:
     from transformer.app import server
 
-    _run(lambda typed: server.serve(_one_kind_of_source(typed)), _export_search(cfg))
+    _run(lambda typed: server.serve(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="diversify", version_base="1.3")
@@ -379,7 +381,7 @@ def recipe_main() -> None:
     from transformer.app.mps import mps
     from transformer.app.runs import RunFailed
 
-    parser = _recipe_parser()
+    parser = recipes.command_line(recipe_main.__doc__)
     args = parser.parse_intermixed_args()
     if args.out_dir is None:  # optional to argparse, which would otherwise call the overrides required too
         parser.error("give a recipe and its folder, e.g. transformer-recipe ensemble outputs/ensemble")
@@ -408,41 +410,3 @@ def recipe_main() -> None:
     except (RunFailed, *_user_errors()) as error:
         log.error("%s", error)
         sys.exit(1)
-
-
-def _seeds(text: str) -> list[int]:
-    """``1234,1,2`` -> [1234, 1, 2]; ``none`` -> []."""
-    import argparse
-
-    if text.strip() == "none":
-        return []
-    try:
-        return [int(seed) for seed in text.replace(" ", ",").split(",") if seed]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds are integers separated by commas (or none), got {text!r}") from None
-
-
-def _recipe_parser() -> Any:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="transformer-recipe", description=recipe_main.__doc__)
-    parser.add_argument("recipe", nargs="?", choices=["ensemble", "diversified", "best_gpu"])
-    parser.add_argument("out_dir", nargs="?", help="the recipe's folder: its runs, corpus and scores")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
-    parser.add_argument("--seeds", type=_seeds, default=[1234, 1, 2], help="the runs' seeds (diversified: the "
-                        "forward teachers'), comma-separated (default 1234,1,2)")
-    parser.add_argument("--parallel", type=int, help="runs at once: more only on a GPU (default 1; best_gpu: 3)")
-    parser.add_argument("--train-only", action="store_true", help="train or keep the runs, score nothing")
-    parser.add_argument("--more-members", type=lambda text: [Path(p) for p in text.split(",") if p], default=[],
-                        help="ensemble: finished runs of another recipe on the same data, scored with these")
-    parser.add_argument("--valid-split", help="ensemble: the split to score it on besides the test split (default: "
-                        "the corpus's data.valid_split)")
-    parser.add_argument("--backward-seeds", type=_seeds, default=[1234, 1], help="diversified (none: no backward "
-                        "teachers)")
-    parser.add_argument("--student-seeds", type=_seeds, default=[1234, 1, 2])
-    parser.add_argument("--wide-student-seeds", type=_seeds, default=[1234], help="students of model=wide")
-    parser.add_argument("--student-epochs", type=int, default=15)
-    parser.add_argument("--no-score-teachers", action="store_true", help="diversified: score no teachers' ensemble")
-    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, help="run under NVIDIA MPS, so that runs "
-                        "side by side share the GPU at once (default: on for best_gpu only)")
-    return parser

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -278,7 +279,7 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
     test_src, test_ref = load_split(cfg.data, cfg.data.test_split)
     scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device, cfg.data.tgt)
     files.write_text(run.test_hypotheses, "\n".join(hypotheses) + "\n")
-    tracker.scalars(_test_scalars(scores), step=step)
+    tracker.scalars(scores.scalars("test/"), step=step)
     log.info("test (%s, %s): %s", cfg.data.test_split, final.source, format_scores(scores))
     return {
         "valid_bleu": final.valid_bleu, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
@@ -305,7 +306,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             raise ConfigError(f"{key}: {path} is not a file")
     device = choose_device(cfg.device)
     if cfg.export_dir is not None:
-        translator, trained = Translator.load(cfg.export_dir, device=device.type, eval_cfg=cfg.eval), None
+        translator, trained = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval), None
         data, src_tok, tgt_tok, source = translator.data, translator.src_tok, translator.tgt_tok, translator.source
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
@@ -331,13 +332,13 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         scores, hypotheses = score_texts(trained.model, src, refs, src_tok, tgt_tok, cfg.eval, device, data.tgt)
     out.mkdir(parents=True, exist_ok=True)
     files.write_text(out / "hypotheses.txt", "\n".join(hypotheses) + "\n")
-    metrics = {"checkpoint" if trained else "export": str(source), "test_set": name, **asdict(scores),
-               "eval": to_plain_dict(cfg.eval)}
+    metrics = {"checkpoint" if trained else "export": str(Path(source).absolute()), "test_set": name,
+               **asdict(scores), "eval": to_plain_dict(cfg.eval)}
     if trained is not None and trained.ensemble_paths:
-        metrics["ensemble"] = [str(path) for path in trained.ensemble_paths]
+        metrics["ensemble"] = [str(Path(path).absolute()) for path in trained.ensemble_paths]
     _write_json(out / "metrics.json", metrics)
     tracker = Tracker(out / "tensorboard", enabled=True)
-    tracker.scalars(_test_scalars(scores), step=0)
+    tracker.scalars(scores.scalars("test/"), step=0)
     if trained is not None:
         dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
     tracker.close()
@@ -362,18 +363,22 @@ def translate(cfg: TranslateConfig) -> None:
     if cfg.output is not None:
         _check_output_file(cfg.output, cfg.input, cfg.overwrite)  # before the work, not after it
     if cfg.export_dir is not None:
-        translator = Translator.load(cfg.export_dir, device=device.type, eval_cfg=cfg.eval)
+        translator = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval)
         nbest = translator.translate(_read_input(cfg.input))
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
         nbest = translate_texts(trained.model, _read_input(cfg.input), trained.src_tok, trained.tgt_tok, cfg.eval,
                                 device, trained.model.max_positions, progress=True)
     text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
-    if cfg.output is None:
+    if cfg.output is not None:
+        files.write_text(cfg.output, text)  # a crash while writing leaves any earlier file as it was
+        return
+    try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    else:
-        files.write_text(cfg.output, text)  # a crash while writing leaves any earlier file as it was
+    except BrokenPipeError:  # the reader stopped early (`| head`): what it read is what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the flush at exit fails no more
+        sys.exit(141)  # as a process ended by SIGPIPE
 
 
 def export(cfg: ExportConfig) -> None:
@@ -402,7 +407,8 @@ def _check_output_file(path: str, input_path: str | None, overwrite: bool) -> No
 
 def _read_input(path: str | None) -> list[str]:
     """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
-    in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline."""
+    in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline, and a
+    UTF-8 byte-order mark at the start is dropped."""
     name = "stdin" if path is None else path
     try:
         data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
@@ -410,7 +416,7 @@ def _read_input(path: str | None) -> list[str]:
         raise ConfigError(f"input: {path} is a directory; give a text file with one sentence per line") from None
     except FileNotFoundError:
         raise ConfigError(f"input: {path} not found") from None
-    rows = data.split(b"\n")
+    rows = data.removeprefix(b"\xef\xbb\xbf").split(b"\n")  # a byte-order mark is not text, as the corpus reader has it
     if rows[-1] == b"":
         rows.pop()  # the newline that ends the last line
     lines = []
@@ -434,13 +440,6 @@ def average(paths: list[str], out: str) -> None:
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")
     save_model(average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")
-
-
-def _test_scalars(scores: Scores) -> dict[str, float]:
-    values = {"test/bleu": scores.bleu, "test/chrf": scores.chrf}
-    if scores.tokenized_bleu is not None:
-        values["test/tokenized_bleu"] = scores.tokenized_bleu
-    return values
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -20,8 +20,10 @@ run starts, so that runs side by side share it; scoring runs in this process too
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import shlex
 import shutil
 import subprocess
 import sys
@@ -176,6 +178,9 @@ def diversified(options: Options, plan: Diversified) -> dict | None:
     """Teachers both ways, the corpus they extend, students on it scored as one ensemble; its test metrics."""
     if not plan.seeds:
         raise ConfigError("seeds: the forward teachers need at least one seed")
+    if not plan.student_seeds and not plan.wide_student_seeds:
+        raise ConfigError("student-seeds: the recipe ends in its students; name at least one seed (student-seeds "
+                          "or wide-student-seeds)")
     overrides = ["training.max_minutes=null", *options.overrides]  # first, so that a limit among them wins
     cfg = compose_train(overrides)  # a bad override stops the recipe here, before any training
     backward = [*overrides, f"data.src={cfg.data.tgt}", f"data.tgt={cfg.data.src}"]
@@ -242,6 +247,49 @@ def best_gpu(options: Options, plan: Diversified, use_mps: bool = True) -> dict 
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     print(f"the recipe took {minutes} min {seconds} s")
     if metrics is not None:
-        print(f"translate with it: transformer-translate checkpoint={metrics['checkpoint']} "
-              f"'ensemble=[{','.join(metrics['ensemble'])}]' < input.txt > output.txt")
+        print(translate_hint(metrics))
     return metrics
+
+
+def translate_hint(metrics: dict[str, Any]) -> str:
+    """The command that translates with the students an evaluation scored (one student: no ensemble)."""
+    others = metrics.get("ensemble") or []  # quoted for Hydra, then for the shell
+    members = " " + shlex.quote(f"ensemble={hydra_list(others)}") if others else ""
+    return (f"translate with it: transformer-translate {shlex.quote('checkpoint=' + quoted(metrics['checkpoint']))}"
+            f"{members} < input.txt > output.txt")
+
+
+def _seeds(text: str) -> list[int]:
+    """``1234,1,2`` -> [1234, 1, 2]; ``none`` -> []."""
+    if text.strip() == "none":
+        return []
+    try:
+        return [int(seed) for seed in text.replace(" ", ",").split(",") if seed]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are integers separated by commas (or none), got {text!r}") from None
+
+
+def command_line(description: str | None = None) -> argparse.ArgumentParser:
+    """``transformer-recipe``'s arguments."""
+    parser = argparse.ArgumentParser(prog="transformer-recipe", description=description)
+    parser.add_argument("recipe", nargs="?", choices=["ensemble", "diversified", "best_gpu"])
+    parser.add_argument("out_dir", nargs="?", help="the recipe's folder: its runs, corpus and scores")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
+    parser.add_argument("--seeds", type=_seeds, default=[1234, 1, 2], help="the runs' seeds (diversified: the "
+                        "forward teachers'), comma-separated (default 1234,1,2)")
+    parser.add_argument("--parallel", type=int, help="runs at once: more only on a GPU (default 1; best_gpu: 3); "
+                        "above 1, diversified and best_gpu run twice as many (both directions' teachers together)")
+    parser.add_argument("--train-only", action="store_true", help="train or keep the runs, score nothing")
+    parser.add_argument("--more-members", type=lambda text: [Path(p) for p in text.split(",") if p], default=[],
+                        help="ensemble: finished runs of another recipe on the same data, scored with these")
+    parser.add_argument("--valid-split", help="ensemble: the split to score it on besides the test split (default: "
+                        "the corpus's data.valid_split)")
+    parser.add_argument("--backward-seeds", type=_seeds, default=[1234, 1], help="diversified (none: no backward "
+                        "teachers)")
+    parser.add_argument("--student-seeds", type=_seeds, default=[1234, 1, 2])
+    parser.add_argument("--wide-student-seeds", type=_seeds, default=[1234], help="students of model=wide")
+    parser.add_argument("--student-epochs", type=int, default=15)
+    parser.add_argument("--no-score-teachers", action="store_true", help="diversified: score no teachers' ensemble")
+    parser.add_argument("--mps", action=argparse.BooleanOptionalAction, help="run under NVIDIA MPS, so that runs "
+                        "side by side share the GPU at once (default: on for best_gpu only)")
+    return parser

@@ -29,8 +29,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import threading
 import time
+import warnings
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,7 @@ from transformer.app.schemas import ServeConfig
 from transformer.config import to_plain_dict
 from transformer.inference.attention_maps import pair_attention_maps
 from transformer.inference.explorer import ASSETS, attention_json, live_page
-from transformer.inference.export import EXPORT_FILE
+from transformer.inference.export import read_export_record
 from transformer.inference.loading import TrainedModel, load_trained
 from transformer.inference.translator import Translation, Translator
 from transformer.runtime import choose_device
@@ -167,21 +169,20 @@ async def unless_client_leaves(request: Request, answer: Any) -> Any:
     """Await the coroutine ``answer``, cancelled if the client disconnects first (its queued job is then dropped).
 
     Called once the body is read: the server's next message on the request is then its disconnect."""
-    work = asyncio.ensure_future(answer)
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
-    watch = asyncio.ensure_future(disconnected())
+    work, watch = asyncio.ensure_future(answer), asyncio.ensure_future(disconnected())
     try:
         await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done() and watch.exception() is None:
+            raise RequestError(499, "client", "disconnected before the answer was ready")  # for the log: none reads it
+        return await work  # done, or the watch failed: the answer still counts
     finally:
         watch.cancel()
-    if not work.done():
-        work.cancel()
-        raise RequestError(499, "client", "disconnected before the answer was ready")  # for the log: none reads it
-    return work.result()
+        work.cancel()  # nothing when it is done; a job still queued is dropped
 
 
 # --------------------------------------------------------------------------------------------------
@@ -204,13 +205,13 @@ def load_served_model(cfg: ServeConfig) -> Model:
     """The translator for ``cfg``'s run, checkpoint or export, and the PyTorch model attention maps need."""
     device = choose_device(cfg.device)
     path = cfg.run_dir or cfg.checkpoint or cfg.export_dir
-    translator = Translator.load(path, device=device.type, eval_cfg=cfg.eval)
+    translator = Translator.load(path, device=device, eval_cfg=cfg.eval)
     if translator.backend == "torch":
         attention, missing = translator.trained, ""
         sha = files.sha256(translator.source)
         model_config = to_plain_dict(translator.trained.config.model)
     else:
-        record = json.loads((Path(cfg.export_dir) / EXPORT_FILE).read_text(encoding="utf-8"))
+        record = read_export_record(cfg.export_dir)
         sha, model_config = record["source_checkpoint"]["sha256"], record["model"]
         source = Path(record["source_checkpoint"]["path"])
         attention, missing = None, (f"attention maps need this app's model: the export's source checkpoint {source} "
@@ -253,7 +254,8 @@ class Service:
         _only(body, ("text", "beam_size", "n_best"))
         sentences = parse_sentences(body)
         beam_size = _int_field(body, "beam_size", 1, MAX_BEAM) or self.translator.eval.beam_size
-        n_best = _int_field(body, "n_best", 1, MAX_BEAM) or self.translator.eval.n_best
+        # Not given: the server's n_best, as many as the request's beam holds.
+        n_best = _int_field(body, "n_best", 1, MAX_BEAM) or min(self.translator.eval.n_best, beam_size)
         if n_best > beam_size:
             raise RequestError(422, "n_best", f"{n_best} translations need beam_size >= {n_best}, got {beam_size}")
         if len(sentences) > self.cfg.max_sentences:
@@ -358,8 +360,9 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
 
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+_NUMBERS = {"type": "array", "items": {"type": "number"}}
 _MAPS = {"type": "array", "description": "[layer][head][query][key] attention weights",
-         "items": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}}
+         "items": {"type": "array", "items": {"type": "array", "items": _NUMBERS}}}
 TRANSLATED = {"type": "object", "required": ["translations", "warnings"], "properties": {
     "translations": {"type": "array", "description": "per sentence, its n_best translations, best first",
                      "items": {"type": "array", "items": {"type": "object", "required": ["text", "score"],
@@ -414,10 +417,20 @@ def serve(cfg: ServeConfig) -> None:
     """Load the model and serve it until interrupted."""
     import uvicorn
 
+    # Each answer names its own cut lines; the decoder's warning would number lines across merged requests.
+    warnings.filterwarnings("ignore", message=r"\d+ input line\(s\) longer than")
     model = load_served_model(cfg)
-    config = uvicorn.Config(create_app(model, cfg), host=cfg.host, port=cfg.port, log_level="info")
-    socket = config.bind_socket()  # bound here, so that the line below names the port port=0 chose
-    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    log.info("serving %s (%s) at http://%s:%d/ (API docs at /docs)", model.info["checkpoint"],
-             model.info["backend"], host, socket.getsockname()[1])
-    uvicorn.Server(config).run(sockets=[socket])
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # listening: the line names the port, the one port=0 chose included
+                port = self.servers[0].sockets[0].getsockname()[1]
+                host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+                log.info("serving %s (%s) at http://%s:%d/ (API docs at /docs)", model.info["checkpoint"],
+                         model.info["backend"], host, port)
+
+    server = Server(uvicorn.Config(create_app(model, cfg), host=cfg.host, port=cfg.port, log_level="info"))
+    server.run()
+    if not server.started:  # uvicorn said why (a port in use, say)
+        sys.exit(1)

@@ -265,9 +265,10 @@ def log_attention_maps(writer: ImageWriter | None, maps: AttentionMaps, tag: str
 
 
 def pair_attention_maps(trained: TrainedModel, source: str, target: str, max_tokens: int) -> AttentionMaps:
-    """All attention weights of one sentence pair, teacher-forced on ``target`` (both cut to ``max_tokens``)."""
-    src_ids = trained.src_tok.encode(source)[:max_tokens]
-    tgt_ids = trained.tgt_tok.encode(target)[:max_tokens]
+    """All attention weights of one sentence pair, teacher-forced on ``target`` (both cut to ``max_tokens``, and to
+    what the model's positions hold: the decoder reads BOS before the target)."""
+    src_ids = trained.src_tok.encode(source)[:min(max_tokens, trained.model.max_positions)]
+    tgt_ids = trained.tgt_tok.encode(target)[:min(max_tokens, trained.model.max_positions - 1)]
     return compute_attention_maps(
         trained.model, src_ids, tgt_ids,
         src_pieces=[trained.src_tok.id_to_piece(i) for i in src_ids],
@@ -316,6 +317,11 @@ def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: Ev
             targets.append(("ref", reference))
         for kind, target in targets:
             maps = pair_attention_maps(trained, source, target, cfg.max_tokens)
+            lengths = len(trained.src_tok.encode(source)), len(trained.tgt_tok.encode(target))
+            if (len(maps.src_pieces), len(maps.tgt_pieces) - 1) != lengths:  # tgt_pieces end in EOS
+                log.warning("attention maps for %s (%s): %d source and %d target tokens cut to %d and %d "
+                            "(attention.max_tokens, the model's positions)", name, kind, *lengths,
+                            len(maps.src_pieces), len(maps.tgt_pieces) - 1)
             paths = save_attention_maps(maps, out, f"{name}_{kind}")
             log_attention_maps(writer, maps, f"attention/{name}_{kind}", step=0)
             log.info("attention maps for %s (%s): %d files in %s", name, kind, len(paths), out)

@@ -22,6 +22,7 @@ counterpart; neither have ensembles.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -40,6 +41,27 @@ from transformer.model.transformer import Transformer
 QUANTIZATIONS = ("none", "int8", "int8_float32", "float16", "bfloat16")
 BANNED_BIAS = -1.0e4  # on the output rows of PAD and BOS: far below any logit, and finite in float16
 EXPORT_FILE = "export.json"
+
+
+RECORDED = {"model": ("max_positions",), "data": ("src", "tgt"), "source_tokenizer": ("kind", "path"),
+            "target_tokenizer": ("kind", "path"), "source_checkpoint": ("path", "sha256")}  # what a reader needs
+
+
+def read_export_record(folder: str | Path) -> dict[str, Any]:
+    """An export's ``export.json``, or a :class:`ConfigError` naming the file and what is wrong with it."""
+    path = Path(folder) / EXPORT_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"export_dir: {path} is not valid JSON ({error}); export the model again") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"export_dir: {path} is not a JSON object; export the model again")
+    for key, fields in {**RECORDED, "decoding": ()}.items():
+        value = record.get(key, {} if key == "decoding" else None)
+        if not isinstance(value, dict) or any(name not in value for name in fields):
+            what = f"an object with {', '.join(fields)}" if fields else "an object"
+            raise ConfigError(f"export_dir: {path}: {key} must be {what}; export the model again")
+    return record
 
 
 def check_exportable(trained: TrainedModel) -> None:

@@ -44,6 +44,11 @@ class Scores:
             text += f"  tokenized BLEU = {self.tokenized_bleu:.2f} ({self.tokenized_bleu_signature})"
         return text
 
+    def scalars(self, prefix: str) -> dict[str, float]:
+        """For TensorBoard: ``{prefix}bleu``, ``{prefix}chrf`` and, where measured, ``{prefix}tokenized_bleu``."""
+        values = {"bleu": self.bleu, "chrf": self.chrf, "tokenized_bleu": self.tokenized_bleu}
+        return {f"{prefix}{key}": value for key, value in values.items() if value is not None}
+
 
 def corpus_scores(hypotheses: list[str], references: list[str], tokenized_lang: str | None = None) -> Scores:
     """Corpus BLEU and chrF of detokenized hypotheses against one detokenized reference each.

@@ -41,27 +41,27 @@ def format_scores(scores: Scores) -> str:
 
 
 def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
-              device: torch.device | str, max_src_len: int, progress: bool = False) -> list[list[str]]:
+              device: torch.device | str, max_positions: int, progress: bool = False) -> list[list[str]]:
     """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order (see
     :func:`translate_scored`)."""
-    scored = translate_scored(model, texts, src_tok, tgt_tok, cfg, device, max_src_len, progress)
+    scored = translate_scored(model, texts, src_tok, tgt_tok, cfg, device, max_positions, progress)
     return [[text for text, _ in nbest] for nbest in scored]
 
 
 def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
-                     device: torch.device | str, max_src_len: int, progress: bool = False
+                     device: torch.device | str, max_positions: int, progress: bool = False
                      ) -> list[list[tuple[str, float]]]:
     """Translate lines of text; returns ``cfg.n_best`` (text, score) pairs per line, best first, in the input
     order. The score is the hypothesis's log-probability normalized as ``cfg.length_norm`` says.
 
     Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
     batches of ``cfg.batch_size`` (by default 64 on a CPU, 512 on a GPU). An empty (or all-whitespace) line gives ``n_best`` empty strings
-    (score 0) without running the model. A line longer than ``max_src_len`` tokens is cut to that length with a
-    warning; hypotheses are capped at ``max_src_len`` tokens too (pass the model's position limit).
+    (score 0) without running the model. A line longer than ``max_positions`` tokens is cut to that length with a
+    warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's position limit).
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
-    ids = encode_sources(texts, src_tok, max_src_len)
+    ids = encode_sources(texts, src_tok, max_positions)
     outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * cfg.n_best for _ in texts]
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
@@ -74,7 +74,7 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start:start + batch_size]
                 src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
-                for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_src_len)):
+                for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_positions)):
                     outputs[i] = [(tgt_tok.decode(h.tokens), h.score) for h in nbest]
                 bar.update(len(chunk))
     finally:
@@ -83,16 +83,16 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
     return outputs
 
 
-def encode_sources(texts: list[str], src_tok: Tokenizer, max_src_len: int) -> list[list[int]]:
-    """Source ids per line (empty for blank lines), cut to ``max_src_len`` with a warning."""
+def encode_sources(texts: list[str], src_tok: Tokenizer, max_positions: int) -> list[list[int]]:
+    """Source ids per line (empty for blank lines), cut to ``max_positions`` with a warning."""
     ids = [src_tok.encode(text) if text.strip() else [] for text in texts]
-    too_long = [(line_no, len(seq)) for line_no, seq in enumerate(ids, start=1) if len(seq) > max_src_len]
+    too_long = [(line_no, len(seq)) for line_no, seq in enumerate(ids, start=1) if len(seq) > max_positions]
     if too_long:
         shown = ", ".join(f"line {line_no} ({n} tokens)" for line_no, n in too_long[:10])
         more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
-        warnings.warn(f"{len(too_long)} input line(s) longer than {max_src_len} source tokens were truncated: "
+        warnings.warn(f"{len(too_long)} input line(s) longer than {max_positions} source tokens were truncated: "
                       f"{shown}{more}", stacklevel=3)
-    return [seq[:max_src_len] for seq in ids]
+    return [seq[:max_positions] for seq in ids]
 
 
 def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tensor:

@@ -10,9 +10,10 @@ trained model.
 
 Both backends search with the ``eval`` settings given to :meth:`Translator.load` (default: ``EvalConfig``'s beam
 search for a run or checkpoint, the settings it was exported with for an export); a call may change ``beam_size``
-and ``n_best``. Greedy and beam search give the same hypotheses and scores (to float rounding) on both in fp32,
-with ``length_norm`` average or none. CTranslate2 has no GNMT length normalisation: with ``length_norm=gnmt`` the
-ctranslate2 backend normalises by length instead (average), and says so once.
+and ``n_best``. In fp32 both give the same hypotheses and scores (to float rounding): greedy search with every
+``length_norm``, beam search with average, and with none its best hypothesis (CTranslate2 then stops once its best
+beam ends, so the rest of an n-best list may differ). CTranslate2's beam search has no GNMT length normalisation:
+with ``length_norm=gnmt`` it normalises by length instead (average). The ctranslate2 backend says so once.
 
 A score is the hypothesis's summed log-probability (EOS included) divided as ``length_norm`` says: by
 ``((5 + length) / 6) ** length_penalty`` (gnmt), by its length in tokens with EOS (average) or by 1 (none).
@@ -20,7 +21,7 @@ A score is the hypothesis's summed log-probability (EOS included) divided as ``l
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import logging
 import math
 import os
@@ -32,10 +33,11 @@ import torch
 
 from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, from_plain_dict
 from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
-from transformer.inference.export import EXPORT_FILE
+from transformer.inference.export import EXPORT_FILE, read_export_record
 from transformer.inference.loading import TrainedModel, load_model
+from transformer.inference.search import length_penalty
 from transformer.inference.translation import encode_sources, translate_scored
-from transformer.runtime import decode_batch_size
+from transformer.runtime import choose_device, decode_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class Translator:
         self.source = source  # the checkpoint file, or the export directory
         self._trained, self._ct2 = trained, ct2
         self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
-        self._warned_gnmt = False
+        self._warned_gnmt = self._warned_nbest = False
 
     @property
     def trained(self) -> TrainedModel | None:
@@ -71,13 +73,15 @@ class Translator:
         return self._trained
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu", backend: str | None = None,
+    def load(cls, path: str | Path, device: str | torch.device = "cpu", backend: str | None = None,
              eval_cfg: EvalConfig | None = None, threads: int = 0) -> Translator:
         """A translator for ``path``: a run directory or a checkpoint file (backend ``torch``) or an export
         directory (backend ``ctranslate2``; its ``export.json`` gives the search when ``eval_cfg`` is None).
-        ``threads``: CTranslate2's CPU threads, each decoding batches of its own on one core (0: up to 4, as many
-        as there are cores); PyTorch's are ``torch.set_num_threads``."""
+        ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA where there is one). ``threads``: CTranslate2's
+        CPU threads, each decoding batches of its own on one core (0: up to 4, as many as there are cores);
+        PyTorch's are ``torch.set_num_threads``."""
         path = Path(path)
+        device = choose_device(str(device))  # cuda:N that this machine lacks: refused by key
         is_export = (path / EXPORT_FILE).is_file()
         backend = backend or ("ctranslate2" if is_export else "torch")
         if backend not in BACKENDS:
@@ -90,33 +94,44 @@ class Translator:
                               f"{'run_dir' if path.is_dir() else 'checkpoint'}={path} out_dir=DIR")
         if is_export:
             return cls._load_export(path, device, eval_cfg, threads)
-        trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [],
-                             torch.device(device))
+        trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [], device)
         data = trained.config.data
         return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(), trained.model.max_positions,
-                   data, (data.src, data.tgt), trained.path, trained=trained, device=device)
+                   data, (data.src, data.tgt), trained.path, trained=trained, device=str(device))
 
     @classmethod
-    def _load_export(cls, path: Path, device: str, eval_cfg: EvalConfig | None, threads: int) -> Translator:
+    def _load_export(cls, path: Path, device: torch.device, eval_cfg: EvalConfig | None,
+                     threads: int) -> Translator:
+        if importlib.util.find_spec("ctranslate2") is None:
+            raise ConfigError(f"export_dir: {path} is a CTranslate2 export, and decoding it needs CTranslate2: "
+                              "pip install ctranslate2")
         import ctranslate2
 
-        info = json.loads((path / EXPORT_FILE).read_text(encoding="utf-8"))
+        info = read_export_record(path)
         src_tok, tgt_tok = (_tokenizer(path, info[key]) for key in ("source_tokenizer", "target_tokenizer"))
         if eval_cfg is None:
             decoding = dict(info.get("decoding", {}))
-            if "length_norm" in decoding:
-                decoding["length_norm"] = LengthNorm(decoding["length_norm"])
-            eval_cfg = EvalConfig(**decoding)
+            try:
+                if "length_norm" in decoding:
+                    decoding["length_norm"] = LengthNorm(decoding["length_norm"])
+                eval_cfg = EvalConfig(**decoding)
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"export_dir: {path / EXPORT_FILE}: decoding: {error}") from None
         # On a CPU, batches side by side, one core each (inter_threads), decode a small model faster than each batch
         # split across the cores (intra_threads): 1.8x for the default model's beam 5 on 2 cores (docs/guide/export.md).
         workers = threads or min(4, os.cpu_count() or 1)
-        ct2 = (ctranslate2.Translator(str(path), device=device, inter_threads=workers, intra_threads=1)
-               if device == "cpu" else ctranslate2.Translator(str(path), device=device))
+        try:
+            ct2 = (ctranslate2.Translator(str(path), device="cpu", inter_threads=workers, intra_threads=1)
+                   if device.type == "cpu" else ctranslate2.Translator(
+                       str(path), device=device.type,
+                       device_index=torch.cuda.current_device() if device.index is None else device.index))
+        except (RuntimeError, ValueError) as error:  # a build without CUDA, a device it cannot use, a damaged model
+            raise ConfigError(f"export_dir: CTranslate2 cannot load {path} on {device}: {error}") from None
         # An export of format 1 records only the languages: no corpus to evaluate on.
         data = from_plain_dict(DataConfig, info["data"]) if "corpus" in info["data"] else None
         languages = (info["data"]["src"], info["data"]["tgt"])
         return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), data, languages,
-                   path, ct2=ct2, device=device)
+                   path, ct2=ct2, device=str(device))
 
     def translate(self, sentences: list[str], beam_size: int | None = None,
                   n_best: int | None = None) -> list[list[str]]:
@@ -151,11 +166,12 @@ class Translator:
 
     def _translate_ct2(self, sentences: list[str], cfg: EvalConfig) -> list[list[Translation]]:
         """Sentences grouped by their hypothesis length limit (CTranslate2 takes one per call)."""
-        if cfg.beam_size > 1 and cfg.length_norm is LengthNorm.gnmt and not self._warned_gnmt:
-            log.warning("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length "
-                        "(average) instead")
-            self._warned_gnmt = True
-        penalty = 0.0 if cfg.length_norm is LengthNorm.none else 1.0
+        greedy = cfg.beam_size == 1
+        if not greedy:
+            self._warn_once(cfg)
+        # Greedy: normalisation picks no token, so CTranslate2 returns the raw sum and the score is divided here,
+        # exactly as this app's search divides it (GNMT included).
+        penalty = 0.0 if greedy or cfg.length_norm is LengthNorm.none else 1.0
         tokens = [[self.src_tok.id_to_piece(i) for i in ids]  # cut to the model's positions, with a warning
                   for ids in encode_sources(sentences, self.src_tok, self.max_positions)]
         out = [[Translation("", 0.0)] * cfg.n_best for _ in sentences]
@@ -167,13 +183,31 @@ class Translator:
         pending = [(indices, self._ct2.translate_batch(  # every group queued at once: the workers share them out
             [tokens[i] for i in indices], beam_size=cfg.beam_size, num_hypotheses=cfg.n_best, length_penalty=penalty,
             max_decoding_length=limit, min_decoding_length=0,  # 0: EOS may come first, as in this app's search
-            return_scores=True, max_batch_size=decode_batch_size(cfg, self.device), asynchronous=True))
-            for limit, indices in groups.items()]
+            max_input_length=0,  # sources are already cut to the model's positions (CTranslate2 would cut at 1024)
+            return_end_token=True, return_scores=True, max_batch_size=decode_batch_size(cfg, self.device),
+            asynchronous=True)) for limit, indices in groups.items()]
+        eos = self.tgt_tok.id_to_piece(self.tgt_tok.eos_id)
         for indices, results in pending:
             for i, result in zip(indices, (r.result() for r in results)):
-                out[i] = [Translation(self.tgt_tok.decode([self._target_ids[p] for p in hyp]), score)
-                          for hyp, score in zip(result.hypotheses, result.scores)]
+                out[i] = []
+                for hypothesis, score in zip(result.hypotheses, result.scores):
+                    ended = bool(hypothesis) and hypothesis[-1] == eos
+                    pieces = hypothesis[:-1] if ended else hypothesis
+                    if greedy:
+                        score /= length_penalty(max(len(pieces) + ended, 1), cfg.length_penalty, cfg.length_norm)
+                    out[i].append(Translation(self.tgt_tok.decode([self._target_ids[p] for p in pieces]), score))
         return out
+
+    def _warn_once(self, cfg: EvalConfig) -> None:
+        """Where CTranslate2's beam search differs from this app's, said once per translator."""
+        if cfg.length_norm is LengthNorm.gnmt and not self._warned_gnmt:
+            log.warning("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length "
+                        "(average) instead")
+            self._warned_gnmt = True
+        if cfg.length_norm is LengthNorm.none and cfg.n_best > 1 and not self._warned_nbest:
+            log.warning("eval.length_norm=none: CTranslate2's beam search stops once its best hypothesis ends, so only "
+                        "the best of the n_best is this app's")
+            self._warned_nbest = True
 
 
 def _tokenizer(folder: Path, entry: dict[str, Any]) -> Tokenizer:

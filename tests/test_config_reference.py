@@ -30,3 +30,17 @@ def test_help_comes_from_the_schemas_comments():
     assert rows["training.lr"] == ("float", "`0.002`", "peak learning rate, reached at the end of warm-up")
     assert rows["model.positions"][0] == ("`sinusoidal` \\| `learned` \\| `relative` \\| `rope` \\| `none`")
     assert rows["training.max_steps"][:2] == ("int or null", "null")
+
+
+def test_defaults_are_what_each_command_composes_not_the_schemas():
+    def defaults(command: str) -> dict[str, str]:
+        cls = config_reference.COMMANDS[command]
+        return {key: default for key, _, default, _ in
+                config_reference.rows(cls, defaults=config_reference.composed_defaults(command))}
+
+    assert defaults("transformer-diversify")["eval.beam_size"] == "`5`"  # diversify.yaml, over the schema's 8
+    assert defaults("transformer-evaluate")["eval.beam_size"] == "`8`"
+    train = defaults("transformer-train")
+    assert train["data.source_dir"] == "`$MULTI30K_DIR`, else null"  # ${oc.env:MULTI30K_DIR,null}
+    assert train["output_dir"].startswith("the run's folder")
+    assert config_reference._format("${oc.env:GLOVE_PATH}") == "`$GLOVE_PATH` (required)"  # no fallback: unset fails

@@ -27,7 +27,8 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 def multi30k_dir() -> Path:
     """The local Multi30k copy CI and benchmarks use (``MULTI30K_DIR``, default ``../shared/data/multi30k``)."""
-    return Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
+    folder = Path(os.environ.get("MULTI30K_DIR", REPO.parent / "shared" / "data" / "multi30k"))
+    return folder.absolute()  # as subprocesses started in another folder see it
 
 
 @pytest.fixture(scope="session")

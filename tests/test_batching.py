@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import multi30k_dir
 
 from transformer.data.batching import (
     Batch,
@@ -22,7 +23,7 @@ from transformer.data.batching import (
 from transformer.data.corpus import TranslationDataset
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
+MULTI30K = multi30k_dir()
 
 
 def _lengths(n: int, seed: int = 0) -> tuple[list[int], list[int]]:

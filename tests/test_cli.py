@@ -212,7 +212,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("command, argv, message", [
     ("train", ["training.lr=0.1"], "already holds a run's checkpoints, which a new run would overwrite; continue it "
                                    "with resume="),
-    ("evaluate", ["run_dir=elsewhere"], "already holds metrics.json, checkpoints, .hydra (a training run's"),
+    ("evaluate", ["run_dir=elsewhere"], "already holds metrics.json, checkpoints (a training run's"),
 ])
 def test_a_refused_command_leaves_the_run_it_names_byte_for_byte(tmp_path: Path, command, argv, message) -> None:
     run = tmp_path / "run"
@@ -227,6 +227,18 @@ def test_a_refused_command_leaves_the_run_it_names_byte_for_byte(tmp_path: Path,
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and message in done.stderr
     assert _tree(run) == before
+
+
+def test_a_refused_evaluation_into_a_named_folder_may_be_retried_there(tmp_path: Path) -> None:
+    def evaluate(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "transformer", "evaluate", *args, "hydra.run.dir=ev"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    first = evaluate("run_dir=nowhere")
+    assert first.returncode == 1 and "run_dir: nowhere does not exist" in first.stdout + first.stderr
+    assert (tmp_path / "ev" / ".hydra").is_dir()  # Hydra wrote it before the refusal
+    again = evaluate("run_dir=still_nowhere")  # refused for its run_dir again, not for the first try's folder
+    assert again.returncode == 1 and "run_dir: still_nowhere does not exist" in again.stdout + again.stderr
 
 
 def test_evaluate_and_translate_do_not_replace_results_unless_told(tmp_path: Path, compose_config) -> None:

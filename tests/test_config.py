@@ -174,8 +174,8 @@ def test_activation_dropout_out_of_range_names_the_key(compose_config, value):
 
 
 def test_indivisible_heads_require_d_head():
-    with pytest.raises(ConfigError, match="model.d_head"):
-        ModelConfig(d_model=300, n_heads=8)
+    with pytest.raises(ConfigError, match=r"model.d_head: .*set model.d_head \(e.g. model.d_head=37: heads need not"):
+        ModelConfig(d_model=300, n_heads=8)  # the hint keeps about d_model's width: 8 x 37
     assert ModelConfig(d_model=300, n_heads=8, d_head=64).head_dim == 64
 
 

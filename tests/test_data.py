@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, write_toy_corpus
+from conftest import REPO, multi30k_dir, write_toy_corpus
 
 from transformer.config import CorpusKind, DataConfig, TokenizerConfig, TokenizerKind
 from transformer.data.corpus import (
@@ -39,7 +39,7 @@ from transformer.data.splits import (
 )
 from transformer.data.tokenizer import WordTokenizer
 
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
+MULTI30K = multi30k_dir()
 needs_multi30k = pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
 
 
@@ -195,7 +195,7 @@ def test_a_scored_split_keeps_lines_with_an_empty_side_and_names_them(tmp_path, 
         assert load_split(cfg, "dev") == (["v", "", "w", "x"], ["V", "U", "W", ""])
     assert [r.getMessage() for r in caplog.records] == [
         f"{tmp_path / 'corpus/dev.xx'} / {tmp_path / 'corpus/dev.yy'}: 2 line(s) with an empty side (2, 4), scored as "
-        "they are: an empty source translates to an empty line"]
+        "they are (an empty source translates to an empty line; an empty reference is scored as empty)"]
 
 
 def test_the_training_split_comes_from_train_dir_and_the_others_from_the_corpus(tmp_path):
@@ -216,6 +216,9 @@ def test_the_training_split_comes_from_train_dir_and_the_others_from_the_corpus(
 def test_custom_corpus_missing_or_ambiguous_files(tmp_path):
     cfg = _custom_corpus(tmp_path / "corpus")
     with pytest.raises(DataError, match=r"test\.xx\[\.gz\]: file not found .*split 'test'.*\{split\}\.\{lang\}"):
+        corpus_paths(cfg, "test")
+    (tmp_path / "corpus/test.xx").mkdir()
+    with pytest.raises(DataError, match=r"test\.xx is a directory; the test split's xx side must be a text file"):
         corpus_paths(cfg, "test")
     _write(tmp_path / "corpus/dev.xx.gz", b"v\n", compress=True)
     with pytest.raises(DataError, match=r"both .*dev\.xx and .*dev\.xx\.gz exist"):

@@ -12,11 +12,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import multi30k_dir
 
 from transformer.data.corpus import DataError
 from transformer.data.splits import MULTI30K_SHA256, download_file, prepare_multi30k
 
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
+MULTI30K = multi30k_dir()
 pytestmark = pytest.mark.skipif(not (MULTI30K / "val.en.gz").is_file(), reason=f"no Multi30k at {MULTI30K}")
 
 

@@ -110,10 +110,11 @@ def test_load_model_builds_an_ensemble_from_run_dirs_and_files(tmp_path: Path) -
         assert torch.equal(trained.model.members[0].state_dict()[key], value), key
 
 
-@pytest.mark.parametrize("change", [dict(words="a b d"), dict(src="de", tgt="en")])
-def test_load_model_refuses_members_with_other_tokenizers_or_direction(tmp_path: Path, change: dict) -> None:
+@pytest.mark.parametrize("change, differs", [(dict(words="a b d"), "tokenizers"),
+                                             (dict(src="de", tgt="en"), "language pair")])
+def test_load_model_refuses_members_with_other_tokenizers_or_direction(tmp_path: Path, change: dict, differs) -> None:
     first, other = _save_run(tmp_path / "r1", 0), _save_run(tmp_path / "r2", 1, **change)
-    with pytest.raises(ConfigError, match=r"ensemble: .*r2.* was not trained with the language pair and tokenizers"):
+    with pytest.raises(ConfigError, match=rf"ensemble: .*r2.* differs from .*r1.* in its {differs};"):
         load_model(first, None, [other], torch.device("cpu"))
 
 

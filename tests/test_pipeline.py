@@ -200,6 +200,35 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     assert source.read_text(encoding="utf-8") == "a b\n"
 
 
+def test_a_run_records_its_corpus_folder_absolute_so_it_is_found_from_anywhere(compose_config, toy_corpus, tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.chdir(toy_corpus.parent)
+    cfg = compose_config("train", [*TOY, f"data.dir={toy_corpus.name}", "data.cache_dir=cache",  # relative folders
+                                   f"output_dir={tmp_path / 'run'}", "training.max_steps=3"])
+    pipeline.train(OmegaConf.to_object(cfg))
+    recorded = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["config"]["data"]["dir"]
+    assert recorded == str(toy_corpus)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # evaluating and resuming from another folder find the same corpus
+    metrics = pipeline.evaluate(OmegaConf.to_object(compose_config("evaluate", [
+        f"run_dir={tmp_path / 'run'}", "eval=greedy", "device=cpu", f"output_dir={tmp_path / 'ev'}"])))
+    assert metrics["test_set"] == "test.src-tgt"
+    resumed = compose_config("train", [*TOY, f"data.dir={toy_corpus}", "data.cache_dir=cache",
+                                       f"output_dir={tmp_path / 'run'}", "training.max_steps=4",
+                                       f"resume={tmp_path / 'run'}"])
+    assert pipeline.train(OmegaConf.to_object(resumed))["train"]["steps"] == 4
+
+
+def test_evaluate_refuses_attention_indices_outside_the_test_set_before_decoding(compose_config, trained_run,
+                                                                                 tmp_path):
+    cfg = compose_config("evaluate", [f"run_dir={trained_run[0]}", "eval=greedy", "device=cpu",
+                                      "attention.indices=[0,999999]", f"output_dir={tmp_path / 'ev'}"])
+    with pytest.raises(ConfigError, match=r"^attention.indices: 999999 is outside the test set \(0\.\.\d+\)$"):
+        pipeline.evaluate(OmegaConf.to_object(cfg))
+    assert not (tmp_path / "ev").exists()  # nothing decoded, nothing written
+
+
 def test_translate_into_a_pipe_its_reader_closed_ends_quietly(trained_run, tmp_path):
     import os
     import subprocess
@@ -234,8 +263,8 @@ def test_average_writes_only_a_new_file_from_checkpoints_of_one_language_pair(tr
     other = torch.load(b, weights_only=True)
     other["config"]["data"]["src"], other["config"]["data"]["tgt"] = "de", "en"  # as a de->en run's checkpoint
     torch.save(other, tmp_path / "de_en.pt")
-    with pytest.raises(ConfigError, match=r"de_en\.pt \(de->en\) was not trained with the language pair and "
-                                          r"tokenizers of .* averaged checkpoints must share both"):
+    with pytest.raises(ConfigError, match=r"de_en\.pt \(de->en, vocabularies of \d+ and \d+\) differs from "
+                                          r".*\(src->tgt, .*in its language pair; averaged checkpoints must share"):
         pipeline.average([a, str(tmp_path / "de_en.pt")], str(tmp_path / "mixed.pt"))
     assert not (tmp_path / "mixed.pt").exists()
 
@@ -347,12 +376,20 @@ def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_a
                                                                                             caplog):
     _train(compose_config, toy_corpus, tmp_path / "mid", "training.max_steps=3")  # stops inside epoch 1
     _train(compose_config, toy_corpus, tmp_path / "end", "training.max_epochs=1")
+    mid = load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")
+    original = (toy_corpus / "train.src").read_text(encoding="utf-8")
+    (toy_corpus / "train.src").write_text(original.replace("\n", " a\n", 1), encoding="utf-8")  # one line edited
+    with pytest.raises(CheckpointError, match=r"resume: the training split \(train\.src / train\.tgt\) holds other "
+                                              r"pairs than the run trained on \(as many: 400\); the checkpoint was "
+                                              r"written in the middle of epoch 1:"):
+        _train(compose_config, toy_corpus, tmp_path / "x", "training.max_steps=6", f"resume={tmp_path / 'mid'}")
+    (toy_corpus / "train.src").write_text(original, encoding="utf-8")
     for side in ("src", "tgt"):  # 20 more pairs
         with open(toy_corpus / f"train.{side}", "a", encoding="utf-8") as lines:
             lines.write("a b c\n" * 20)
-    mid = load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")
     with pytest.raises(CheckpointError, match=r"resume: the training split \(train\.src / train\.tgt\) now has 420 "
-                                              r"pairs, the checkpoint was written in the middle of epoch 1 of 400"):
+                                              r"pairs, the run trained on 400; the checkpoint was written in the "
+                                              r"middle of epoch 1:"):
         _train(compose_config, toy_corpus, tmp_path / "x", "training.max_steps=6", f"resume={tmp_path / 'mid'}")
     assert load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")["step"] == mid["step"]  # nothing changed
     with caplog.at_level("WARNING"):

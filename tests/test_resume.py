@@ -60,6 +60,14 @@ def test_resume_refuses_a_setting_that_changes_batches_or_model(key, value):
         check_resume_config(SAVED, current, "run/last.pt")
 
 
+def test_a_corpus_folder_named_relative_or_absolute_is_the_same_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    saved = _set(SAVED, "data.dir", "corp")  # a run before version 0.9.2 recorded it as given
+    check_resume_config(saved, _set(SAVED, "data.dir", str(tmp_path / "corp")), "run/last.pt")
+    with pytest.raises(ConfigError, match=r"data\.dir: the checkpoint run/last\.pt was trained with 'corp'"):
+        check_resume_config(saved, _set(SAVED, "data.dir", str(tmp_path / "other")), "run/last.pt")
+
+
 @pytest.mark.parametrize(("key", "value"), [
     ("training.max_steps", 50), ("training.max_epochs", 3), ("training.max_minutes", 5.0),
     ("training.validate_every_steps", 10), ("training.keep_last", 9), ("training.log_every_steps", 1),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import multi30k_dir
 
 from transformer.config import SentencePieceModel, TokenizerConfig, TokenizerKind
 from transformer.data.tokenizer import (
@@ -30,7 +31,7 @@ from transformer.data.tokenizer import (
     word_tokenize,
 )
 
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).parents[2] / "shared/data/multi30k"))
+MULTI30K = multi30k_dir()
 
 
 def _lines(name: str, n: int) -> list[str]:

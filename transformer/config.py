@@ -222,8 +222,8 @@ class ModelConfig:
             check(
                 self.d_model % self.n_heads == 0,
                 "model.d_head",
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                f"set model.d_head explicitly (e.g. model.d_head=64)",
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set model.d_head (e.g. "
+                f"model.d_head={max(1, self.d_model // self.n_heads)}: heads need not add up to d_model)",
             )
         else:
             check(self.d_head > 0, "model.d_head", f"must be > 0, got {self.d_head}")

@@ -131,8 +131,9 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, value: Any) -> None:
-    """Write ``value`` as indented JSON (with a final newline) to ``path`` atomically."""
-    write_text(path, json.dumps(value, indent=2) + "\n")
+    """Write ``value`` as indented JSON (with a final newline) to ``path`` atomically; a path or another value JSON
+    has no type for is written as its string."""
+    write_text(path, json.dumps(value, indent=2, default=str) + "\n")
 
 
 def link_atomically(source: str | Path, target: str | Path) -> None:

@@ -314,7 +314,8 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     if command == "train" and not resumes_it and any((folder / "checkpoints").glob("*.pt")):
         sys.exit(f"hydra.run.dir: {folder} already holds a run's checkpoints, which a new run would overwrite; "
                  f"continue it with resume={folder}, or train into another directory")
-    taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints", ".hydra") if (folder / name).exists()]
+    # .hydra/ and a log alone are a refused command's: nothing of value, so a retry may reuse the folder.
+    taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints") if (folder / name).exists()]
     if command == "evaluate" and taken and given.get("overwrite") is not True:
         sys.exit(f"hydra.run.dir: {folder} already holds {', '.join(taken)} (a training run's or an earlier "
                  "evaluation's); evaluate into a new folder, or overwrite=true to write into it")

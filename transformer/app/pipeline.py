@@ -26,11 +26,11 @@ from transformer.app.schemas import EvaluateConfig, ExportConfig, PrepareDataCon
 from transformer.config import ConfigError, ModelConfig, TrainConfig, flatten, from_plain_dict, to_plain_dict
 from transformer.data import cache as corpus_cache
 from transformer.data.batching import Batch, TokenBucketSampler, collate_arrays
-from transformer.data.corpus import TranslationDataset, read_parallel
-from transformer.data.splits import corpus_paths, load_split
+from transformer.data.corpus import DataError, TranslationDataset, read_parallel
+from transformer.data.splits import anchored, corpus_paths, load_split
 from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSampler
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_state
-from transformer.inference.attention_maps import dump_attention
+from transformer.inference.attention_maps import check_indices, dump_attention
 from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
 from transformer.inference.metrics import Scores, corpus_scores
 from transformer.inference.translation import format_scores, score_texts
@@ -156,7 +156,8 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
     ``metrics.json`` in the run directory.
     """
     dist = init_distributed(choose_device(cfg.device))
-    cfg = replace(cfg, training=resolve_training(cfg.training, dist.device, dist.world_size))  # as recorded
+    cfg = replace(cfg, training=resolve_training(cfg.training, dist.device, dist.world_size),  # as recorded
+                  data=anchored(cfg.data))
     try:
         resumed, run = _start_run(cfg, dist)
         with _log_into(run.log_file if resumed is not None and dist.is_main else None):
@@ -171,10 +172,10 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
            recipe: list[str] | None) -> dict[str, Any]:
     if resumed is not None:
         log.info("resuming the run in %s at step %d; its log and checkpoints continue there", run.root, resumed["step"])
-    src_tok, tgt_tok, train_set = build_training_data(cfg, dist,
-                                                      resumed["tokenizers"] if resumed else None)
+    for split in (cfg.data.valid_split, cfg.data.test_split) if dist.is_main else ():
+        load_split(cfg.data, split)  # a missing or broken split stops the run before the training data is built
+    src_tok, tgt_tok, train_set = build_training_data(cfg, dist, resumed["tokenizers"] if resumed else None)
     valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
-    load_split(cfg.data, cfg.data.test_split)  # a missing or broken test split stops the run now, not after training
 
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
@@ -190,14 +191,14 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
                               max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
     trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
     if resumed is not None:
-        check_training_split(resumed, len(train_set), cfg.data)
+        check_training_split(resumed, len(train_set), train_set.digest, cfg.data)
         trainer.load_state(resumed)
     result = trainer.fit()
     metrics: dict[str, Any] = {"train": asdict(result)}
     if dist.is_main:
         metrics.update(_final_evaluation(cfg, run, model, src_tok, tgt_tok, dist.device, tracker,
                                          valid_src, valid_ref, result.steps))
-        _write_json(run.metrics, metrics)
+        files.write_json(run.metrics, metrics)
         tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
     tracker.close()
     return metrics
@@ -235,7 +236,8 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
         dataset=train_set, sampler=sampler, collate_fn=collate_fn,
         device=dist.device, dist=dist, tracker=tracker,
         checkpoints=CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
-        validate=validate, extra_state={**_extra_state(cfg, src_tok, tgt_tok, recipe), "train_pairs": len(train_set)},
+        validate=validate, extra_state={**_extra_state(cfg, src_tok, tgt_tok, recipe), "train_pairs": len(train_set),
+                                        "train_digest": train_set.digest},
     )
 
 
@@ -319,11 +321,15 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
                           "give the files to score, src_file=... ref_file=...")
     else:
         split = cfg.split or data.test_split
-        src, refs = load_split(data, split)
+        try:
+            src, refs = load_split(data, split)
+        except DataError as error:  # a corpus moved, or recorded relative to another folder before version 0.9.2
+            raise DataError(f"{error}; or score files of your own: src_file=... ref_file=...") from None
         name = f"{split}.{data.src}-{data.tgt}"
     if cfg.longer_than is not None:
         src, refs = _longer_than(src, refs, src_tok, tgt_tok, cfg.longer_than)
         name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
+    check_indices(cfg.attention, len(src))  # before the test set is decoded
     if trained is None:
         hypotheses = [nbest[0] for nbest in translator.translate(src)]
         target_lang = translator.languages[1]
@@ -336,7 +342,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
                **asdict(scores), "eval": to_plain_dict(cfg.eval)}
     if trained is not None and trained.ensemble_paths:
         metrics["ensemble"] = [str(Path(path).absolute()) for path in trained.ensemble_paths]
-    _write_json(out / "metrics.json", metrics)
+    files.write_json(out / "metrics.json", metrics)
     tracker = Tracker(out / "tensorboard", enabled=True)
     tracker.scalars(scores.scalars("test/"), step=0)
     if trained is not None:
@@ -441,6 +447,3 @@ def average(paths: list[str], out: str) -> None:
     save_model(average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")
 
-
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    files.write_text(path, json.dumps(payload, indent=2, default=str) + "\n")

@@ -305,7 +305,8 @@ def _open_dataset(folder: Path, meta: dict[str, Any]) -> TranslationDataset:
                     tgt_offsets=meta["n_pairs"] + 1)
     if lengths != expected:
         raise DataError(f"{folder}: arrays hold {lengths} values but meta.json says {expected}; delete the folder")
-    return TranslationDataset(*(arrays[name] for name in _ARRAYS))
+    digest = hashlib.sha256(json.dumps(meta["sha256"], sort_keys=True).encode()).hexdigest()  # the files' SHA-256
+    return TranslationDataset(*(arrays[name] for name in _ARRAYS), digest=digest)
 
 
 def cached_corpus(cfg: DataConfig, src_path: Path, tgt_path: Path, src_tok: Tokenizer, tgt_tok: Tokenizer,

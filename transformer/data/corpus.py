@@ -278,10 +278,11 @@ class TranslationDataset:
     Args:
         src_tokens, tgt_tokens: (n_tokens,) unsigned ids.
         src_offsets, tgt_offsets: (n_pairs + 1,) int64, starting at 0, non-decreasing, ending at the token count.
+        digest: a digest of the four arrays' contents, or None.
     """
 
     def __init__(self, src_tokens: np.ndarray, src_offsets: np.ndarray, tgt_tokens: np.ndarray,
-                 tgt_offsets: np.ndarray) -> None:
+                 tgt_offsets: np.ndarray, digest: str | None = None) -> None:
         for side, tokens, offsets in (("source", src_tokens, src_offsets), ("target", tgt_tokens, tgt_offsets)):
             if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(tokens):
                 raise DataError(f"TranslationDataset: {side} offsets must run from 0 to the token count "
@@ -291,6 +292,7 @@ class TranslationDataset:
                             "target sequences")
         self.src_tokens, self.src_offsets = src_tokens, src_offsets
         self.tgt_tokens, self.tgt_offsets = tgt_tokens, tgt_offsets
+        self.digest = digest  # of the arrays' contents where known (the data cache's), so a resume can compare them
         self.src_lengths = _lengths(src_offsets)  # (n_pairs,) int32
         self.tgt_lengths = _lengths(tgt_offsets)  # (n_pairs,) int32
         if (self.src_lengths < 0).any() or (self.tgt_lengths < 0).any():

@@ -12,6 +12,7 @@ import http.client
 import logging
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
@@ -231,6 +232,8 @@ def _find_split_file(directory: Path, split: str, lang: str, cfg: DataConfig) ->
     for path in (compressed, plain):
         if path.is_file():
             return path
+        if path.is_dir():
+            raise DataError(f"{path} is a directory; the {split} split's {lang} side must be a text file (.gz or not)")
     if split == cfg.train_split and cfg.train_dir is not None:
         how = f"data.train_dir needs files named {split}.{{lang}}[.gz]"
     elif cfg.corpus is CorpusKind.multi30k:
@@ -238,6 +241,13 @@ def _find_split_file(directory: Path, split: str, lang: str, cfg: DataConfig) ->
     else:
         how = f"a custom corpus needs files named {{split}}.{{lang}}[.gz] in data.dir={cfg.corpus_dir}"
     raise DataError(f"{plain}[.gz]: file not found (data.corpus={cfg.corpus.value}, split {split!r}); {how}")
+
+
+def anchored(cfg: DataConfig) -> DataConfig:
+    """``cfg`` with ``data.dir`` and ``data.train_dir`` absolute, as a run records them: a relative folder means the
+    one under the directory the run started in, wherever the run is evaluated or resumed from later."""
+    paths = {key: str(Path(value).absolute()) for key in ("dir", "train_dir") if (value := getattr(cfg, key))}
+    return replace(cfg, **paths)
 
 
 def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
@@ -274,6 +284,7 @@ def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
         empty = [line for line, pair in enumerate(zip(src, tgt), start=1) if not all(pair)]
         if empty:
             shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-            logger.warning("%s / %s: %d line(s) with an empty side (%s), scored as they are: an empty source "
-                           "translates to an empty line", *paths, len(empty), shown)
+            logger.warning("%s / %s: %d line(s) with an empty side (%s), scored as they are (an empty source "
+                           "translates to an empty line; an empty reference is scored as empty)", *paths, len(empty),
+                           shown)
     return src, tgt

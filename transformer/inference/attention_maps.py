@@ -277,14 +277,19 @@ def pair_attention_maps(trained: TrainedModel, source: str, target: str, max_tok
     )
 
 
+def check_indices(cfg: AttentionDumpConfig, n_sentences: int) -> None:
+    """Refuse ``attention.indices`` outside a test set of ``n_sentences`` (before it is decoded)."""
+    for index in cfg.indices:
+        if not 0 <= index < n_sentences:
+            raise ConfigError(f"attention.indices: {index} is outside the test set (0..{n_sentences - 1})")
+
+
 def _chosen_sentences(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: EvalConfig, src: list[str],
                       refs: list[str], hypotheses: list[str]) -> list[tuple[str, str, str, str | None]]:
     """``(name, source, hypothesis, reference or None)`` for the test indices and texts ``cfg`` names."""
-    chosen: list[tuple[str, str, str, str | None]] = []
-    for index in cfg.indices:
-        if not 0 <= index < len(src):
-            raise ConfigError(f"attention.indices: {index} is outside the test set (0..{len(src) - 1})")
-        chosen.append((f"test{index}", src[index], hypotheses[index], refs[index]))
+    check_indices(cfg, len(src))
+    chosen: list[tuple[str, str, str, str | None]] = [
+        (f"test{index}", src[index], hypotheses[index], refs[index]) for index in cfg.indices]
     if cfg.texts:
         texts = list(cfg.texts)
         given = translate(trained.model, texts, trained.src_tok, trained.tgt_tok, eval_cfg,

@@ -67,14 +67,19 @@ def check_same_vocabularies(members: Sequence[TrainedModel], what: str, key: str
         data = member.config.data
         return data.src, data.tgt, tokenizer_digest(member.src_tok), tokenizer_digest(member.tgt_tok)
 
+    def described(member: TrainedModel) -> str:
+        data = member.config.data
+        return (f"{member.path} ({data.src}->{data.tgt}, vocabularies of {member.src_tok.vocab_size} and "
+                f"{member.tgt_tok.vocab_size})")
+
     first = members[0]
     for other in members[1:]:
         if identity(other) != identity(first):
             where = "" if key is None else f"{key}: "
+            differs = "language pair" if identity(other)[:2] != identity(first)[:2] else "tokenizers"
             raise ConfigError(
-                f"{where}{other.path} ({other.config.data.src}->{other.config.data.tgt}) was not trained with the "
-                f"language pair and tokenizers of {first.path} ({first.config.data.src}->{first.config.data.tgt}); "
-                f"{what} must share both (train them with the same data settings)")
+                f"{where}{described(other)} differs from {described(first)} in its {differs}; {what} must share the "
+                "language pair and tokenizers (train them with the same data settings)")
 
 
 def load_ensemble(paths: Sequence[str | Path], device: torch.device) -> TrainedModel:

@@ -71,7 +71,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
     for key in sorted(old.keys() & new.keys()):  # another key one side lacks (an older schema) is not compared
         if old[key] is None and key in DEVICE_DEFAULTS:
             continue  # an older run left the device's default unresolved: it is not known, so not compared
-        if old[key] == new[key] or _under(key, RESUME_INIT_ONLY):
+        if old[key] == new[key] or _under(key, RESUME_INIT_ONLY) or _same_folder(key, old[key], new[key]):
             continue
         if _under(key, RESUME_MUST_MATCH):
             refused.append(key)
@@ -95,6 +95,12 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
         log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
                     "the new value (same batches, a different optimisation or stopping rule from here on)",
                     key, path, old[key], new[key])
+
+
+def _same_folder(key: str, old: Any, new: Any) -> bool:
+    """A corpus folder named relative and absolute (runs record it absolute since version 0.9.2)."""
+    return key in ("data.dir", "data.train_dir") and None not in (old, new) and \
+        Path(old).absolute() == Path(new).absolute()
 
 
 def _override_value(value: Any) -> str:
@@ -130,21 +136,25 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
     return state, run, path
 
 
-def check_training_split(resumed: dict[str, Any], n_pairs: int, data: DataConfig) -> None:
-    """A resumed run's training split must be the one it trained on (checkpoints since version 0.8.2 hold its size):
-    an epoch begun on other pairs cannot be finished as begun, so that is refused; at an epoch's end the run goes on,
-    with a warning that it is no longer the uninterrupted run."""
-    saved = resumed.get("train_pairs")
-    if saved is None or saved == n_pairs:
+def check_training_split(resumed: dict[str, Any], n_pairs: int, digest: str | None, data: DataConfig) -> None:
+    """A resumed run's training split must be the one it trained on (checkpoints since version 0.8.2 hold its size,
+    since 0.9.2 a digest of its encoded pairs): an epoch begun on other pairs cannot be finished as begun, so that
+    is refused; at an epoch's end the run goes on, with a warning that it is no longer the uninterrupted run."""
+    saved, saved_digest = resumed.get("train_pairs"), resumed.get("train_digest")
+    if saved is not None and saved != n_pairs:
+        change = f"now has {n_pairs} pairs, the run trained on {saved}"
+    elif None not in (saved_digest, digest) and saved_digest != digest:
+        change = f"holds other pairs than the run trained on (as many: {n_pairs})"
+    else:
         return
     files = f"{data.train_split}.{data.src} / {data.train_split}.{data.tgt}"
     if resumed["sampler"]["position"] > 0:
         raise CheckpointError(
-            f"resume: the training split ({files}) now has {n_pairs} pairs, the checkpoint was written in the middle "
-            f"of epoch {resumed['epoch'] + 1} of {saved}: the training files changed, so that epoch cannot be finished "
-            "as it began; restore them, or resume from a checkpoint written at an epoch's end")
-    log.warning("resume: the training split (%s) now has %d pairs, the run trained on %d: the batches from here on "
-                "are not those of the uninterrupted run", files, n_pairs, saved)
+            f"resume: the training split ({files}) {change}; the checkpoint was written in the middle of epoch "
+            f"{resumed['epoch'] + 1}: the training files changed, so that epoch cannot be finished as it began; "
+            "restore them, or resume from a checkpoint written at an epoch's end")
+    log.warning("resume: the training split (%s) %s: the batches from here on are not those of the uninterrupted "
+                "run", files, change)
 
 
 def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any], path: Path) -> bool:

@@ -69,9 +69,13 @@ def test_load_errors_name_the_file(tmp_path):
     with pytest.raises(CheckpointError, match="torn.pt.*truncated"):
         load_checkpoint(torn)
     text = tmp_path / "notes.pt"
-    text.write_text("hello")
-    with pytest.raises(CheckpointError, match="notes.pt"):
+    text.write_text("hello\nworld")
+    with pytest.raises(CheckpointError, match="notes.pt.*not a file torch.save writes: it begins 'hello'$"):
         load_checkpoint(text)
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty.pt.*: the file is empty$"):
+        load_checkpoint(empty)
     pickled = tmp_path / "pickled.pt"  # a pickle holding code: refused in one line, with no advice to load it anyway
     pickled.write_bytes(pickle.dumps({"model": object}, protocol=4))
     with pytest.raises(CheckpointError) as refused:

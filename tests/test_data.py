@@ -61,6 +61,17 @@ def test_read_lines_plain_and_gzip(tmp_path, compress):
     assert read_lines(path) == ["Äpfel", "zwei\u2028drei", "", "vier"]
 
 
+def test_a_file_with_cr_only_line_endings_reads_as_one_line_and_says_how_to_convert_it(tmp_path, caplog):
+    path = _write(tmp_path / "mac.en", "eins\rzwei\rdrei\r".encode(), compress=False)
+    assert read_lines(path) == ["eins\rzwei\rdrei"]  # lines end only at \n
+    assert [record.getMessage() for record in caplog.records] == [
+        f"{path}:1: a carriage return (\\r) inside the line: lines end only at \\n, so a file with CR-only line "
+        "endings (classic Mac) reads as one line; convert it with tr '\\r' '\\n' < FILE > NEW"]
+    caplog.clear()
+    read_lines(_write(tmp_path / "windows.en", b"eins\r\nzwei\r\n", compress=False))
+    assert not caplog.records  # CRLF is read as lines, quietly
+
+
 def test_missing_and_empty_files_are_named(tmp_path):
     with pytest.raises(DataError, match=rf"{tmp_path / 'nope.en'}: file not found"):
         read_lines(tmp_path / "nope.en")

@@ -21,7 +21,7 @@ from transformer.tracking import Tracker
 from transformer.training.step_window import TrainingDiverged
 from transformer.training.trainer import Trainer
 
-from toy_training import copy_pairs, make_sampler, make_trainer, parameters, training_config
+from toy_training import copy_pairs, make_sampler, make_trainer, parameters, teacher_forced_validate, training_config
 
 PAIRS = copy_pairs(40, seed=1)
 
@@ -88,6 +88,41 @@ def test_ctrl_c_saves_between_steps_and_resumes_exactly(tmp_path):
     resumed = make_trainer(tmp_path / "b", cfg, PAIRS, model_seed=5)
     resumed.load_state(state)
     resumed.fit()
+    _assert_same(parameters(straight), parameters(resumed))
+
+
+def test_ctrl_c_in_an_epochs_last_steps_saves_before_validating_and_the_resume_validates(tmp_path):
+    """Where the device is read only every few steps (a GPU), an interrupt seen at the epoch's closing read saves at
+    once: the epoch-end validation is left to the resumed run, which ends as the uninterrupted one."""
+    cfg = training_config(max_epochs=2, log_every_steps=100)
+    straight = make_trainer(tmp_path / "a", cfg, PAIRS)
+    straight._check_every = 100  # as on a GPU: no read of the flags inside this epoch
+    expected = straight.fit()
+    per_epoch = len(straight.sampler)
+    validated: list[int] = []
+    check = teacher_forced_validate(PAIRS[:16])
+
+    def validate(model, step):
+        validated.append(step)
+        return check(model, step)
+
+    def send_sigint(call: int) -> None:
+        if call == per_epoch:  # while collating the epoch's last batch
+            os.kill(os.getpid(), signal.SIGINT)
+
+    interrupted = make_trainer(tmp_path / "b", cfg, PAIRS, validate=validate, collate_hook=send_sigint)
+    interrupted._check_every = 100
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.fit()
+    state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
+    assert (state["step"], state["reason"], validated) == (per_epoch, "interrupt", [])
+
+    resumed = make_trainer(tmp_path / "b", cfg, PAIRS, model_seed=5, validate=validate)
+    resumed.load_state(state)
+    result = resumed.fit()
+    assert validated == [per_epoch, 2 * per_epoch]
+    assert (result.steps, result.best_bleu, result.best_step) == (expected.steps, expected.best_bleu,
+                                                                  expected.best_step)
     _assert_same(parameters(straight), parameters(resumed))
 
 

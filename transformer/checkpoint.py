@@ -188,7 +188,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError/KeyError for torn or foreign files
         hint = f"; resume={path.parent}/step_N.pt continues from an earlier step" if path.name == LAST_FILE else ""
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): "
-                              f"{_load_failure(exc)}{hint}") from exc
+                              f"{_load_failure(path, exc)}{hint}") from exc
     if not isinstance(state, dict) or "version" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'version' key)")
     if state["version"] != CHECKPOINT_VERSION:
@@ -200,10 +200,19 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return state
 
 
-def _load_failure(exc: Exception) -> str:
-    """The cause of a failed ``torch.load`` in one line. For a file that is not a torch checkpoint PyTorch's message
-    is a paragraph whose advice (load with ``weights_only=False``) would run the file's code: only its reason is
-    kept."""
+def _load_failure(path: Path, exc: Exception) -> str:
+    """The cause of a failed ``torch.load`` of ``path`` in one line. A file that is empty or not in a format
+    ``torch.save`` writes (a zip archive, or an old-style pickle) is said to be so: torch's own error for it names
+    a pickle opcode (``KeyError: 101``). For a foreign pickle PyTorch's message is a paragraph whose advice (load
+    with ``weights_only=False``) would run the file's code: only its reason is kept."""
+    with open(path, "rb") as file:
+        head = file.read(24)
+    if not head:
+        return "the file is empty"
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive; a legacy pickle's PROTO opcode
+        start = head.decode("utf-8", errors="replace").split("\n")[0]
+        return f"not a file torch.save writes: it begins {start!r}" if start.isprintable() else \
+            f"not a file torch.save writes: it begins with the bytes {head[:8].hex(' ')}"
     text = str(exc)
     reason = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, flags=re.S)
     if reason is not None:

@@ -22,6 +22,7 @@ from transformer.data.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 Item = TypeVar("Item", str, list[int])  # a sentence or its token ids
 
+
 class DataError(ValueError):
     """A corpus file is missing, unreadable or inconsistent; the message names file:line."""
 
@@ -79,6 +80,10 @@ def iter_line_blocks(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[l
                     lines = [line.removesuffix("\r") for line in lines]
                 if number == 1:
                     lines[0] = lines[0].removeprefix("\ufeff")
+                    if "\r" in lines[0]:
+                        logger.warning("%s:1: a carriage return (\\r) inside the line: lines end only at \\n, so a "
+                                       "file with CR-only line endings (classic Mac) reads as one line; convert it "
+                                       "with tr '\\r' '\\n' < FILE > NEW", path)
                 yield lines
                 number, offset = number + len(block), offset + sum(map(len, block))
     except (OSError, EOFError, zlib.error) as err:

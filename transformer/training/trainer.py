@@ -322,7 +322,8 @@ class Trainer:
                     reason = self._after_step(window, bar)
                     if reason is not None:
                         return reason
-            self._check(window, bar, log_now=True)  # the epoch's last steps, before validation or a checkpoint
+            # The epoch's last steps, before validation or a checkpoint (an interrupt saves without validating).
+            self._stop_if_interrupted(self._check(window, bar, log_now=True))
         finally:
             bar.close()
         return None
@@ -338,11 +339,7 @@ class Trainer:
         if not (validate or save or project or check or self.horizon.step_limit(self.step)):
             return None
         reading = self._check(window, bar)
-        if reading.interrupt:
-            self.save_now("interrupt")
-            last = self.checkpoints.last_path  # <run>/checkpoints/last.pt
-            raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {last} (resume={last.parent.parent} "
-                                    "continues it)")
+        self._stop_if_interrupted(reading)
         if validate:
             started = time.perf_counter()
             if self._validate_and_save():
@@ -358,6 +355,14 @@ class Trainer:
         if not validate and (save or reading.save_due) and last is None:  # at the last step the final validation saves
             self.save_now("scheduled")
         return last
+
+    def _stop_if_interrupted(self, reading: Reading) -> None:
+        """After a Ctrl-C (on any rank): save ``last.pt`` now and raise KeyboardInterrupt naming it."""
+        if reading.interrupt:
+            self.save_now("interrupt")
+            last = self.checkpoints.last_path  # <run>/checkpoints/last.pt
+            raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {last} (resume={last.parent.parent} "
+                                    "continues it)")
 
     def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
         """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``

@@ -74,6 +74,34 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
     assert caplog.records[0].getMessage().startswith(message)
 
 
+@pytest.mark.parametrize("main, argv, message", [
+    (cli.train_main, ["training.max_token=1"], "training.max_token: no such setting; did you mean training.max_tokens?"),
+    (cli.train_main, ["model=small", "trainng.lr=1"], "trainng: no such setting; did you mean training?"),
+    (cli.train_main, ["resum=auto"], "resum: no such setting; did you mean resume?"),
+    (cli.train_main, ["+training.max_stepz=5"], "training.max_stepz: no such setting; did you mean training.max_steps?"),
+    (cli.train_main, ["experimnt=multi30k_cpu"], "experimnt: no such setting; did you mean experiment?"),
+    (cli.train_main, ["data.tokenizer.kindd=word"], "data.tokenizer.kindd: no such setting; did you mean "
+                                                     "data.tokenizer.kind?"),
+    (cli.evaluate_main, ["run_dir=x", "eval.beam=3"], "eval.beam: no such setting; did you mean eval.beam_size?"),
+    (cli.serve_main, ["hots=0.0.0.0"], "hots: no such setting; did you mean host?"),
+])
+def test_a_mistyped_key_on_the_command_line_is_refused_before_hydra_naming_the_nearest(
+        monkeypatch, tmp_path, main, argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["transformer-command", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == message  # sys.exit(message): printed to stderr, exit status 1
+    assert not list(tmp_path.iterdir())  # nothing written: no run folder, no log
+
+
+def test_the_keys_hydra_and_the_config_groups_own_pass_the_command_line_check() -> None:
+    argv = ["-m", "--cfg", "job", "model=small", "experiment=multi30k_cpu", "debug=cpu_tiny", "+experiment=glove",
+            "~eval.beam_size", "hydra.run.dir=x", "hydra/launcher=basic", "model.glove.path=g.txt",
+            "training.lr=1e-3,2e-3", "data.tokenizer.vocab_size=8000", "resume=auto", "eval@x=y"]
+    cli.schemas.refuse_unknown_overrides(TrainConfig, argv, ["model", "experiment", "debug", "data", "eval"])
+
+
 @pytest.mark.parametrize("error", [DataError("train.en:3: empty line"), FileNotFoundError("no such file: x.pt"),
                                    ConfigError("eval.n_best: too many")])
 def test_user_errors_raised_by_the_command_exit_with_status_1(compose_config, caplog, error) -> None:

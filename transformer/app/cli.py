@@ -17,7 +17,7 @@ from typing import Any, Callable
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.app.schemas import refuse_unknown_keys, register_configs
+from transformer.app import schemas
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
             cfg = prepare(cfg)
         if typed:
             cfg = OmegaConf.to_object(cfg)  # runs every __post_init__ check
-            refuse_unknown_keys(cfg)
+            schemas.refuse_unknown_keys(cfg)
         return command(cfg)
     except _user_errors() as error:
         if isinstance(error, OSError):  # a full disk: the run's log file may be on it, so its handler fails quietly
@@ -172,7 +172,7 @@ def _train(cfg: DictConfig) -> float | None:
     def train(cfg: DictConfig) -> dict:
         cfg, recipe = _with_recipe(cfg)
         typed = OmegaConf.to_object(cfg)
-        refuse_unknown_keys(typed)
+        schemas.refuse_unknown_keys(typed)
         return pipeline.train(typed, recipe)
 
     metrics = _run(train, cfg, typed=False)
@@ -259,14 +259,23 @@ def _benchmark(cfg: DictConfig) -> None:
     _run(benchmark.run, cfg)
 
 
-def _setup() -> None:
-    """Register the config schemas; make Ctrl-C stop a command that a shell script started in the background.
+def _setup(schema: type | None = None) -> None:
+    """Register the config schemas; refuse a command-line key that the command's ``schema`` lacks (before Hydra
+    composes); make Ctrl-C stop a command that a shell script started in the background.
 
     Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
     process group: so SIGINT raises KeyboardInterrupt here too, from the start (training itself first finishes its
     step and saves: ``runtime.defer_sigint``).
     """
-    register_configs()
+    schemas.register_configs()
+    if schema is not None:
+        from transformer.config import ConfigError
+
+        groups = [path.name for path in Path(CONFIG_PATH).iterdir() if path.is_dir() and path.name != "hydra"]
+        try:
+            schemas.refuse_unknown_overrides(schema, sys.argv[1:], groups)
+        except ConfigError as error:
+            sys.exit(str(error))
     _name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -322,44 +331,44 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
 
 
 def train_main() -> None:
-    _setup()
+    _setup(schemas.TrainConfig)
     refuse_a_taken_run_dir("train", sys.argv[1:])
     _train()
 
 
 def evaluate_main() -> None:
-    _setup()
+    _setup(schemas.EvaluateConfig)
     refuse_a_taken_run_dir("evaluate", sys.argv[1:])
     _evaluate()
 
 
 def translate_main() -> None:
-    _setup()
+    _setup(schemas.TranslateConfig)
     _translate()
 
 
 def serve_main() -> None:
-    _setup()
+    _setup(schemas.ServeConfig)
     _serve()
 
 
 def diversify_main() -> None:
-    _setup()
+    _setup(schemas.DiversifyConfig)
     _diversify()
 
 
 def prepare_data_main() -> None:
-    _setup()
+    _setup(schemas.PrepareDataConfig)
     _prepare_data()
 
 
 def export_main() -> None:
-    _setup()
+    _setup(schemas.ExportConfig)
     _export()
 
 
 def benchmark_main() -> None:
-    _setup()
+    _setup(schemas.BenchmarkConfig)
     _benchmark()
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -205,6 +206,35 @@ def refuse_unknown_keys(config: Any, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}{name}: no such setting{hint}")
     for name in known:
         refuse_unknown_keys(getattr(config, name), f"{prefix}{name}.")
+
+
+def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[str]) -> None:
+    """Before Hydra composes: refuse a ``key=value`` (or ``+key=value``) argument whose key names no setting of
+    ``schema`` (or of its config ``groups``: ``experiment=...``), naming the nearest one. Hydra itself would say only
+    that the key is not in the struct and suggest adding it with ``+key=value``, which ``refuse_unknown_keys`` refuses
+    in turn, after composing."""
+    for arg in argv:
+        key = arg.partition("=")[0].lstrip("+")  # +key=value adds a key: one the schema has, or it is refused later
+        if "=" not in arg or arg.startswith(("-", "~")) or key.startswith("hydra.") or not all(
+                part.isidentifier() for part in key.split(".")):
+            continue  # flags, deletions, Hydra's own settings, group paths (a/b) and packages (a@b)
+        node, prefix = schema, ""
+        for depth, part in enumerate(key.split(".")):
+            hints = typing.get_type_hints(node)
+            known = [f.name for f in dataclasses.fields(node)]
+            if part not in known:
+                if depth == 0 and part in groups:
+                    break
+                names = known + sorted(groups) if depth == 0 else known
+                nearest = difflib.get_close_matches(part, names, n=1)
+                hint = f"did you mean {prefix}{nearest[0]}?" if nearest else f"the settings here: {', '.join(known)}"
+                raise ConfigError(f"{prefix}{part}: no such setting; {hint}")
+            kind = hints[part]
+            if typing.get_origin(kind) is typing.Union:  # Optional[SomeConfig]
+                kind = next((option for option in typing.get_args(kind) if option is not type(None)), kind)
+            if not dataclasses.is_dataclass(kind):
+                break  # a value (its type Hydra checks) or a mapping, whose keys are free
+            node, prefix = kind, f"{prefix}{part}."
 
 
 def register_configs() -> None:

@@ -453,16 +453,21 @@ def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
 @pytest.mark.slow
 def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path):
     """The README's multi-device command on CPU (gloo; also on a one-GPU machine): 2 ranks train, rank 0 writes
-    the run directory."""
+    the run directory, the only one made, and logs each line once; the other rank writes nothing."""
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
          str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "training.max_steps=6",
-         f"hydra.run.dir={tmp_path / 'run'}", "training.threads=1", "device=cpu"],
+         "training.threads=1", "device=cpu"],
         check=True, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    [run] = (tmp_path / "outputs" / "train").iterdir()
+    assert not (tmp_path / ".hydra").exists() and not list(tmp_path.glob("*.log"))  # the current folder: rank 1's
+    metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["train"]["steps"] == 6
-    assert (tmp_path / "run" / "checkpoints" / "final.pt").is_file()
+    assert (run / "checkpoints" / "final.pt").is_file()
+    lines = [line.split(" - ", 1)[1] for line in (run / "train.log").read_text().splitlines() if " - " in line]
+    assert sum(line.startswith("training stopped") for line in lines) == 1
+    assert len(lines) == len(set(lines))
 
 
 def test_cli_reports_a_bad_config_in_one_line(tmp_path):

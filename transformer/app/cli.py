@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -330,9 +331,20 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
                  "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
 
 
+def _as_a_helper_rank(argv: list[str]) -> list[str]:
+    """Under torchrun, the Hydra settings that leave the run's folder and log to rank 0 (rank 0 tells the others
+    its folder): a rank above 0 makes no folder of its own (its run folder is the current one, where it writes
+    nothing), keeps no ``.hydra`` record, and logs only its errors, to the console."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return []
+    quiet = ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null"]
+    return quiet if any(arg.startswith("hydra.run.dir=") for arg in argv) else [*quiet, "hydra.run.dir=."]
+
+
 def train_main() -> None:
     _setup(schemas.TrainConfig)
     refuse_a_taken_run_dir("train", sys.argv[1:])
+    sys.argv += _as_a_helper_rank(sys.argv[1:])
     _train()
 
 

@@ -118,18 +118,18 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches():
     iterator = iter(sampler)
     consumed = [next(iterator) for _ in range(5)]
     state = sampler.state_dict()
-    assert state == {"epoch": 3, "position": 5} and all(type(v) is int for v in state.values())
+    assert state == {"epoch": 3, "position": 5, "batches": len(full)} and all(type(v) is int for v in state.values())
 
     fresh = TokenBucketSampler(src, tgt, 200, seed=11, rank=1, world_size=2)
     fresh.load_state_dict(state)
     fresh.set_epoch(3)  # re-selecting the same epoch keeps the resume position
     rest = list(fresh)
     assert consumed + rest == full
-    assert fresh.state_dict() == {"epoch": 3, "position": len(full)}
+    assert fresh.state_dict() == {"epoch": 3, "position": len(full), "batches": len(full)}
     assert list(fresh) == full  # the next pass over the same epoch starts at the beginning
     fresh.load_state_dict(state)
     fresh.set_epoch(4)  # another epoch discards the pending resume
-    assert len(list(fresh)) == len(full) and fresh.state_dict() == {"epoch": 4, "position": len(full)}
+    assert len(list(fresh)) == len(full) and fresh.state_dict() == {"epoch": 4, "position": len(full), "batches": len(full)}
 
 
 def test_resume_at_epoch_end_yields_nothing():

@@ -267,3 +267,4 @@ def test_an_epoch_begun_by_two_processes_is_finished_only_by_two():
     with pytest.raises(CheckpointError, match=r"written by 2 process\(es\) in the middle of epoch 3, this run has 1"):
         check_process_count(mid_epoch, world_size=1)
     check_process_count({**mid_epoch, "sampler": {"position": 0}}, world_size=1)  # at an epoch's end: any number
+    check_process_count({**mid_epoch, "sampler": {"position": 17, "batches": 17}}, world_size=1)  # its last step

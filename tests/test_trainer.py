@@ -57,7 +57,7 @@ def test_resume_mid_epoch_reproduces_uninterrupted_run(tmp_path, accumulate):
     first = make_trainer(tmp_path / "b", training_config(max_steps=3, accumulate=accumulate), PAIRS)
     assert first.fit().reason == "max_steps"
     state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
-    assert state["step"] == 3 and state["sampler"] == {"epoch": 0, "position": 3 * accumulate}
+    assert state["step"] == 3 and (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, 3 * accumulate)
 
     resumed = make_trainer(tmp_path / "b", training_config(max_steps=steps, accumulate=accumulate), PAIRS,
                            model_seed=99)  # different initial weights: everything must come from the checkpoint
@@ -216,7 +216,7 @@ def test_epoch_validation_and_final_validation(tmp_path):
     assert seen == [n, 2 * n] and result.reason == "max_epochs"
     assert result.last_metrics["ppl"] == pytest.approx(torch.e ** 2)
     end_of_epoch = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    assert end_of_epoch["epoch"] == 2 and end_of_epoch["sampler"] == {"epoch": 2, "position": 0}
+    assert end_of_epoch["epoch"] == 2 and end_of_epoch["sampler"] == {"epoch": 2, "position": 0, "batches": n}
 
     seen.clear()
     stopped = make_trainer(tmp_path / "c", replace(cfg, max_steps=n + 3), PAIRS, validate=validate).fit()
@@ -423,6 +423,15 @@ def test_a_mid_epoch_checkpoint_refuses_another_number_of_processes(tmp_path):
     resumed = make_trainer(tmp_path / "d", training_config(max_epochs=2), PAIRS)
     resumed.load_state(epoch_end)  # at an epoch's end: allowed, with fresh seeds and a warning
     assert resumed.fit().steps == 2 * len(resumed.sampler)
+    per_epoch = len(resumed.sampler)
+    make_trainer(tmp_path / "e", training_config(max_steps=per_epoch), PAIRS).fit()  # stops at the epoch's last step
+    last_step = load_checkpoint(tmp_path / "e" / "checkpoints" / "last.pt")
+    last_step["rng"] = last_step["rng"] * 2
+    half = per_epoch // 2
+    last_step["sampler"] = {"epoch": 0, "position": half, "batches": half}  # as each of two processes ends epoch 1
+    resumed = make_trainer(tmp_path / "f", training_config(max_epochs=2), PAIRS)
+    resumed.load_state(last_step)  # the epoch is over for every process: any number continues it
+    assert resumed.fit().steps == 2 * per_epoch  # the whole of epoch 2 and nothing of epoch 1 again
 
 
 def test_max_steps_or_max_epochs_whichever_comes_first_sets_the_schedule_length(tmp_path):
@@ -477,7 +486,7 @@ def test_a_run_resumed_at_an_epochs_last_step_does_not_validate_that_step_again(
     first = make_trainer(tmp_path, training_config(max_steps=per_epoch, patience=1), PAIRS)
     assert first.fit().reason == "max_steps"
     state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    assert state["sampler"] == {"epoch": 0, "position": per_epoch} and state["last_valid_step"] == per_epoch
+    assert state["sampler"] == {"epoch": 0, "position": per_epoch, "batches": per_epoch} and state["last_valid_step"] == per_epoch
     resumed = make_trainer(tmp_path, training_config(max_steps=per_epoch + 2, patience=1), PAIRS)
     resumed.load_state(state)
     validated, validate = [], resumed.validate
@@ -538,7 +547,7 @@ def test_kill_9_loses_at_most_save_every_steps_and_resumes_bit_identically(tmp_p
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     state = load_checkpoint(tmp_path / "b" / "checkpoints" / "last.pt")
     assert (state["step"], state["reason"]) == (6, "scheduled")  # step 7 was in progress: 1 step lost
-    assert state["sampler"] == {"epoch": 0, "position": 6} and state["last_valid_step"] is None
+    assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, 6) and state["last_valid_step"] is None
     assert not list((tmp_path / "b" / "checkpoints").glob("step_*.pt"))  # no validation, no rotation
 
     resumed = make_trainer(tmp_path / "b", training_config(max_steps=steps, save_every_steps=every), PAIRS,

@@ -243,8 +243,9 @@ class TokenBucketSampler:
     The batch sizes depend only on the multiset of lengths, so ``len(self)`` is the same each epoch.
     An epoch is held as two arrays (the sorted pair order and the batch boundaries), not as lists.
 
-    Resume: ``state_dict()`` gives ``{"epoch", "position"}`` where ``position`` counts the batches
-    this rank has already been handed in that epoch. After ``load_state_dict``, the next iteration
+    Resume: ``state_dict()`` gives ``{"epoch", "position", "batches"}`` where ``position`` counts the batches
+    this rank has already been handed in that epoch, of ``batches`` (``len(self)``: ``position == batches`` is an
+    epoch's end, whatever the number of processes). After ``load_state_dict``, the next iteration
     yields exactly the remaining batches of that epoch; later iterations start at the beginning.
     If a consumer prefetches from this sampler, it saves the count of batches actually trained on.
     """
@@ -311,7 +312,7 @@ class TokenBucketSampler:
             yield order[begin:end].tolist()
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self._position}
+        return {"epoch": self.epoch, "position": self._position, "batches": self._n_batches}
 
     def load_state_dict(self, state: dict) -> None:
         position = int(state["position"])

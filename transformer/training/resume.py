@@ -148,7 +148,7 @@ def check_training_split(resumed: dict[str, Any], n_pairs: int, digest: str | No
     else:
         return
     files = f"{data.train_split}.{data.src} / {data.train_split}.{data.tgt}"
-    if resumed["sampler"]["position"] > 0:
+    if mid_epoch(resumed["sampler"]):
         raise CheckpointError(
             f"resume: the training split ({files}) {change}; the checkpoint was written in the middle of epoch "
             f"{resumed['epoch'] + 1}: the training files changed, so that epoch cannot be finished as it began; "
@@ -186,6 +186,21 @@ def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any],
     return True
 
 
+def mid_epoch(sampler_state: dict[str, Any]) -> bool:
+    """Whether a checkpoint's sampler state lies inside an epoch: some of its batches trained, not all (a state
+    without ``batches``, written before version 0.9.3, counts as inside once it has begun)."""
+    return 0 < sampler_state["position"] < sampler_state.get("batches", float("inf"))
+
+
+def sampler_state(checkpoint: dict[str, Any], world_size: int, batches: int) -> dict[str, Any]:
+    """The sampler state to continue ``checkpoint`` with, ``world_size`` processes taking ``batches`` batches an
+    epoch each: the saved one (after :func:`check_process_count`), with an epoch's end made this sampler's own end
+    (its number of batches differs with the number of processes)."""
+    check_process_count(checkpoint, world_size)
+    saved = checkpoint["sampler"]
+    return {**saved, "position": batches} if saved["position"] > 0 and not mid_epoch(saved) else saved
+
+
 def check_process_count(checkpoint: dict[str, Any], world_size: int) -> None:
     """Refuse to finish, with ``world_size`` processes, an epoch that another number of processes began: an epoch's
     batches are shared out by process, so where the rest of it lies depends on their number. A checkpoint written
@@ -195,7 +210,7 @@ def check_process_count(checkpoint: dict[str, Any], world_size: int) -> None:
         CheckpointError: naming both numbers and the ways out.
     """
     writers = len(checkpoint["rng"])  # one RNG state per process that wrote it
-    if writers != world_size and checkpoint["sampler"]["position"] > 0:
+    if writers != world_size and mid_epoch(checkpoint["sampler"]):
         raise CheckpointError(
             f"the checkpoint was written by {writers} process(es) in the middle of epoch {checkpoint['epoch'] + 1}, "
             f"this run has {world_size}: an epoch's batches are shared out by process, so where the rest of it "

@@ -64,7 +64,7 @@ from transformer.training.distributed import DistContext
 from transformer.training.horizon import Horizon
 from transformer.training.loop_state import LoopState
 from transformer.training.optim import set_learning_rate
-from transformer.training.resume import check_process_count
+from transformer.training.resume import sampler_state
 from transformer.training.step import BatchLike, TrainStep
 from transformer.training.step_window import Reading, StepWindow
 
@@ -186,13 +186,12 @@ class Trainer:
         missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
         if missing:
             raise CheckpointError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
-        check_process_count(checkpoint, self.dist.world_size)
         rng = checkpoint["rng"]  # one state per process that wrote it
         self.model.load_state_dict(checkpoint["model"])
         self._step.load_optimizer_state(checkpoint["optimizer"])
         self.state = LoopState.from_checkpoint(checkpoint)
         try:
-            self.sampler.load_state_dict(checkpoint["sampler"])
+            self.sampler.load_state_dict(sampler_state(checkpoint, self.dist.world_size, len(self.sampler)))
         except ValueError as error:  # a checkpoint from before train_pairs was saved, on a changed training split
             raise CheckpointError(f"{error}: the checkpoint was written in an epoch of another training split (did "
                                   "the training files change?)") from None

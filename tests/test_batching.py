@@ -129,7 +129,8 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches():
     assert list(fresh) == full  # the next pass over the same epoch starts at the beginning
     fresh.load_state_dict(state)
     fresh.set_epoch(4)  # another epoch discards the pending resume
-    assert len(list(fresh)) == len(full) and fresh.state_dict() == {"epoch": 4, "position": len(full), "batches": len(full)}
+    assert len(list(fresh)) == len(full)
+    assert fresh.state_dict() == {"epoch": 4, "position": len(full), "batches": len(full)}
 
 
 def test_resume_at_epoch_end_yields_nothing():

@@ -75,10 +75,12 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
 
 
 @pytest.mark.parametrize("main, argv, message", [
-    (cli.train_main, ["training.max_token=1"], "training.max_token: no such setting; did you mean training.max_tokens?"),
+    (cli.train_main, ["training.max_token=1"],
+     "training.max_token: no such setting; did you mean training.max_tokens?"),
     (cli.train_main, ["model=small", "trainng.lr=1"], "trainng: no such setting; did you mean training?"),
     (cli.train_main, ["resum=auto"], "resum: no such setting; did you mean resume?"),
-    (cli.train_main, ["+training.max_stepz=5"], "training.max_stepz: no such setting; did you mean training.max_steps?"),
+    (cli.train_main, ["+training.max_stepz=5"],
+     "training.max_stepz: no such setting; did you mean training.max_steps?"),
     (cli.train_main, ["experimnt=multi30k_cpu"], "experimnt: no such setting; did you mean experiment?"),
     (cli.train_main, ["data.tokenizer.kindd=word"], "data.tokenizer.kindd: no such setting; did you mean "
                                                      "data.tokenizer.kind?"),
@@ -231,6 +233,31 @@ def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) 
     assert "resuming with the run's recipe" in log and "training stopped (max_steps) at step 8" in log
     assert load_checkpoint(run / "checkpoints" / "last.pt")["recipe"][-2:] == [f"output_dir={run}",
                                                                                "training.max_steps=8"]
+
+
+def test_a_glove_run_resumes_without_its_vectors_file_or_glove_path(toy_corpus: Path, tmp_path: Path) -> None:
+    """The vectors are read only when a run starts: the run resumes after its file is gone and GLOVE_PATH unset,
+    and a new run without GLOVE_PATH is refused in one line that names the variable."""
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("".join(f"{word} {' '.join(['0.5'] * 32)}\n" for word in "abcdefgh"), encoding="utf-8")
+    recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", f"data.dir={toy_corpus}",
+              "data.cache_dir=${data.dir}_cache", "training.max_tokens=256", "device=cpu",
+              "model.glove.path=${oc.env:GLOVE_PATH}", "model.share_embeddings=false", "model.tie_output=false"]
+    run = tmp_path / "run"
+    os.environ["GLOVE_PATH"] = str(vectors)
+    try:
+        first = _train_command(tmp_path, *recipe, "training.max_steps=2", f"hydra.run.dir={run}")
+    finally:
+        del os.environ["GLOVE_PATH"]
+    assert first.returncode == 0, first.stderr[-2000:]
+    vectors.unlink()
+    resumed = _train_command(tmp_path, f"resume={run}", "training.max_steps=4", f"hydra.run.dir={run}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 4
+    fresh = _train_command(tmp_path, *recipe, "training.max_steps=2", f"hydra.run.dir={tmp_path / 'new'}")
+    assert fresh.returncode == 1 and "Traceback" not in fresh.stdout + fresh.stderr
+    assert ("model.glove.path: the environment variable GLOVE_PATH is not set; set it, or give model.glove.path=... "
+            "on the command line") in fresh.stdout
 
 
 def _tree(folder: Path) -> dict[str, bytes]:

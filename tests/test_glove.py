@@ -184,6 +184,14 @@ def test_rescale_matches_the_random_init_std(tmp_path):
     assert torch.allclose(ratio[copied > 0], ratio[copied > 0][0])  # one common factor: directions kept
 
 
+def test_vectors_all_alike_are_copied_unscaled(tmp_path):
+    path = tmp_path / "v.txt"  # no spread to match: the rescale leaves them as they are (it divided by zero)
+    path.write_text("".join(f"w{i} 0.5 0.5 0.5 0.5\n" for i in range(3)), encoding="utf-8")
+    embedding = nn.Embedding(4, 4)
+    init_embedding_from_glove(embedding, ["w0", "w1", "w2", "other"], path, rescale=True)
+    assert torch.equal(embedding.weight[:3].detach(), torch.full((3, 4), 0.5))
+
+
 def _joint_vocabulary_setup(tmp_path: Path, side: GloveSide, freeze: bool = False):
     """One tokenizer object for both sides; source text "cat cat dog", target text "katze hund hund hund";
     only "katze" has a vector, so the target side's token coverage is 1/4 and the source side's 0."""

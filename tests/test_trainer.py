@@ -486,7 +486,8 @@ def test_a_run_resumed_at_an_epochs_last_step_does_not_validate_that_step_again(
     first = make_trainer(tmp_path, training_config(max_steps=per_epoch, patience=1), PAIRS)
     assert first.fit().reason == "max_steps"
     state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
-    assert state["sampler"] == {"epoch": 0, "position": per_epoch, "batches": per_epoch} and state["last_valid_step"] == per_epoch
+    assert state["sampler"] == {"epoch": 0, "position": per_epoch, "batches": per_epoch}
+    assert state["last_valid_step"] == per_epoch
     resumed = make_trainer(tmp_path, training_config(max_steps=per_epoch + 2, patience=1), PAIRS)
     resumed.load_state(state)
     validated, validate = [], resumed.validate

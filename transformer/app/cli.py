@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -17,8 +17,10 @@ from typing import Any, Callable
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from transformer.app import schemas
+from transformer.app import before_hydra, schemas
+from transformer.app.before_hydra import overrides_given
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,6 @@ CONFIG_PATH = str(config_root())
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Failures that deserve a clear message rather than a traceback."""
     from hydra.errors import HydraException  # e.g. composing a resumed run's recipe that no longer composes
-    from omegaconf.errors import OmegaConfBaseException  # e.g. an interpolation ${...} that does not resolve
 
     from transformer.checkpoint import CheckpointError
     from transformer.config import ConfigError
@@ -67,7 +68,7 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
     except _user_errors() as error:
         if isinstance(error, OSError):  # a full disk: the run's log file may be on it, so its handler fails quietly
             logging.raiseExceptions = False
-        log.error("%s", error)  # to the console and, for runs with a directory, to its log file
+        log.error("%s", _one_line(error))  # to the console and, for runs with a directory, to its log file
         _forget_refused_run()
         sys.exit(1)
     except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say)
@@ -80,6 +81,19 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
         log.error("%s", interrupt or "interrupted")
         sys.exit(130)
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message; OmegaConf's (an interpolation that does not resolve, a value of the wrong type) as the key
+    and the first line, where it is a paragraph naming the key on its second."""
+    key = getattr(error, "full_key", None) if isinstance(error, OmegaConfBaseException) else None
+    if not key:
+        return str(error)
+    reason = str(getattr(error, "msg", error)).strip().splitlines()[0]
+    if (variable := re.search(r"Environment variable '(\w+)' not found", reason)) is not None:
+        return (f"{key}: the environment variable {variable[1]} is not set; set it, or give {key}=... on the "
+                "command line")
+    return f"{key}: {reason}"
 
 
 def _forget_refused_run() -> None:
@@ -95,7 +109,7 @@ def _forget_refused_run() -> None:
         return
     hydra_cfg = HydraConfig.get()
     if (hydra_cfg.mode != RunMode.RUN or hydra_cfg.output_subdir is None
-            or "hydra.run.dir" in _given(list(hydra_cfg.overrides.hydra))):
+            or "hydra.run.dir" in overrides_given(list(hydra_cfg.overrides.hydra))):
         return
     run = Path(hydra_cfg.runtime.output_dir)
     made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
@@ -110,7 +124,7 @@ def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:
     from transformer.checkpoint import STEP_FILE, RunDir
     from transformer.config import ConfigError
 
-    if "hydra.run.dir" not in _given(list(hydra_cfg.overrides.hydra)):
+    if "hydra.run.dir" not in overrides_given(list(hydra_cfg.overrides.hydra)):
         raise ConfigError("resume: auto continues the run in hydra.run.dir; name that folder (hydra.run.dir=DIR), "
                           "else each start makes a new one")
     run = RunDir(Path(hydra_cfg.runtime.output_dir))
@@ -121,13 +135,6 @@ def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:
         return str(target)
     log.info("resume=auto: no checkpoint in %s yet; starting the run", run.root)
     return None
-
-
-def _given(overrides: list[str]) -> dict[str, Any]:
-    """``{key: value}`` of command-line overrides as Hydra parses them (quotes, ``+``/``++``, ``null``)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(overrides)}
 
 
 def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:
@@ -163,7 +170,12 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     recipe = merge_overrides(earlier, now)
     log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
     resume = [f"resume='{cfg.resume}'" if "'" not in cfg.resume else f'resume="{cfg.resume}"']  # auto: resolved
-    return hydra.compose(config_name="train", overrides=recipe + resume), recipe
+    composed = hydra.compose(config_name="train", overrides=recipe + resume)
+    try:
+        composed.model.glove.path  # ${oc.env:GLOVE_PATH} in the GloVe models: unset in this shell, maybe
+    except OmegaConfBaseException:
+        composed.model.glove.path = None  # read only when a run starts: the vectors are in the resumed weights
+    return composed, recipe
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
@@ -188,7 +200,8 @@ def _export_search(cfg: DictConfig) -> DictConfig:
     from transformer.inference.export import EXPORT_FILE, read_export_record
 
     record = Path(str(cfg.export_dir)) / EXPORT_FILE if cfg.get("export_dir") else None
-    given = _given(list(HydraConfig.get().overrides.task)) if record is not None and record.is_file() else {"eval": 1}
+    given = (overrides_given(list(HydraConfig.get().overrides.task)) if record is not None and record.is_file()
+             else {"eval": 1})
     if "eval" not in given:
         for key, value in read_export_record(record.parent).get("decoding", {}).items():
             if key in cfg.eval and f"eval.{key}" not in given:
@@ -261,8 +274,8 @@ def _benchmark(cfg: DictConfig) -> None:
 
 
 def _setup(schema: type | None = None) -> None:
-    """Register the config schemas; refuse a command-line key that the command's ``schema`` lacks (before Hydra
-    composes); make Ctrl-C stop a command that a shell script started in the background.
+    """Register the config schemas; the checks before Hydra composes (``before_hydra``: a key the command's
+    ``schema`` lacks); make Ctrl-C stop a command that a shell script started in the background.
 
     Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
     process group: so SIGINT raises KeyboardInterrupt here too, from the start (training itself first finishes its
@@ -270,87 +283,22 @@ def _setup(schema: type | None = None) -> None:
     """
     schemas.register_configs()
     if schema is not None:
-        from transformer.config import ConfigError
-
-        groups = [path.name for path in Path(CONFIG_PATH).iterdir() if path.is_dir() and path.name != "hydra"]
-        try:
-            schemas.refuse_unknown_overrides(schema, sys.argv[1:], groups)
-        except ConfigError as error:
-            sys.exit(str(error))
-    _name_a_full_disk_under_hydras_snapshot()
+        before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH))
+    before_hydra.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _name_a_full_disk_under_hydras_snapshot() -> None:
-    """Hydra writes the run folder's ``.hydra/`` snapshot before any command's code runs, and reports a failed write
-    as a traceback: on a full disk, say so in one line instead, as the commands do for their own writes."""
-    from hydra.core import utils as hydra_utils
-
-    save = hydra_utils._save_config
-    if getattr(save, "names_a_full_disk", False):
-        return
-
-    def save_or_name_a_full_disk(cfg: Any, filename: str, output_dir: Path) -> None:
-        try:
-            save(cfg, filename, output_dir)
-        except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            sys.exit(f"no space left on device (ENOSPC) while writing {Path(output_dir) / filename}; "
-                     "free space and run the command again")
-
-    save_or_name_a_full_disk.names_a_full_disk = True  # type: ignore[attr-defined]
-    hydra_utils._save_config = save_or_name_a_full_disk
-
-
-def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
-    """Before Hydra writes anything (``.hydra/``, the log) into ``hydra.run.dir``: refuse a folder holding another
-    run's work, so a refused command leaves it byte for byte as it was. ``train`` refuses a folder with
-    checkpoints unless it resumes that very run; ``evaluate`` one with results unless ``overwrite=true``."""
-    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
-    try:
-        given = _given(overrides)
-    except Exception:  # Hydra itself reports a malformed override, with its own message
-        return
-    if "-m" in argv or "--multirun" in argv or str(given.get("hydra.mode", "")).upper() == "MULTIRUN":
-        return  # sweeps write into folders of their own
-    if given.get("hydra.run.dir") is None:
-        return
-    folder = Path(str(given["hydra.run.dir"]))
-    resume = given.get("resume")
-    resumes_it = resume == "auto" or (resume is not None and folder.resolve() in
-                                      (Path(str(resume)).resolve(), *Path(str(resume)).resolve().parents))
-    if command == "train" and not resumes_it and any((folder / "checkpoints").glob("*.pt")):
-        sys.exit(f"hydra.run.dir: {folder} already holds a run's checkpoints, which a new run would overwrite; "
-                 f"continue it with resume={folder}, or train into another directory")
-    # .hydra/ and a log alone are a refused command's: nothing of value, so a retry may reuse the folder.
-    taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints") if (folder / name).exists()]
-    if command == "evaluate" and taken and given.get("overwrite") is not True:
-        sys.exit(f"hydra.run.dir: {folder} already holds {', '.join(taken)} (a training run's or an earlier "
-                 "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
-
-
-def _as_a_helper_rank(argv: list[str]) -> list[str]:
-    """Under torchrun, the Hydra settings that leave the run's folder and log to rank 0 (rank 0 tells the others
-    its folder): a rank above 0 makes no folder of its own (its run folder is the current one, where it writes
-    nothing), keeps no ``.hydra`` record, and logs only its errors, to the console."""
-    if int(os.environ.get("RANK", "0")) == 0:
-        return []
-    quiet = ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null"]
-    return quiet if any(arg.startswith("hydra.run.dir=") for arg in argv) else [*quiet, "hydra.run.dir=."]
-
-
 def train_main() -> None:
     _setup(schemas.TrainConfig)
-    refuse_a_taken_run_dir("train", sys.argv[1:])
-    sys.argv += _as_a_helper_rank(sys.argv[1:])
+    before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
+    sys.argv += before_hydra.as_a_helper_rank(sys.argv[1:])
     _train()
 
 
 def evaluate_main() -> None:
     _setup(schemas.EvaluateConfig)
-    refuse_a_taken_run_dir("evaluate", sys.argv[1:])
+    before_hydra.refuse_a_taken_run_dir("evaluate", sys.argv[1:])
     _evaluate()
 
 

@@ -107,8 +107,8 @@ def _start_run(cfg: TrainConfig, dist: DistContext) -> tuple[dict[str, Any] | No
     configure_threads(cfg.training.threads)
     set_deterministic(cfg.training.deterministic)
     seed_everything(cfg.training.seed)
-    glove.check_dimension(cfg.model.glove, cfg.model.d_model)
     if cfg.resume is None:
+        glove.check_dimension(cfg.model.glove, cfg.model.d_model)  # a resumed run's vectors are in its weights
         resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
         if run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):
             raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "

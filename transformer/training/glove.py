@@ -260,8 +260,9 @@ def init_embedding_from_glove(embedding: nn.Embedding, pieces: list[str], path: 
             if word is not None:
                 embedding.weight[i] = vectors.matrix[vectors.index[word]].to(embedding.weight.dtype)
                 found.append(i)
-        if rescale and len(found) > 1:
-            embedding.weight[found] *= init_std / embedding.weight[found].std().item()
+        spread = embedding.weight[found].std().item() if len(found) > 1 else 0.0
+        if rescale and spread > 0.0:  # vectors all alike (spread 0) have no scale to match
+            embedding.weight[found] *= init_std / spread
     if freeze:
         embedding.weight.requires_grad_(False)
     token_rate = None

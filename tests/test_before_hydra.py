@@ -1,0 +1,52 @@
+"""The checks each command makes of its command line before Hydra writes anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from transformer.app import before_hydra
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_sweep_into_a_folder_whose_jobs_hold_checkpoints_is_refused_before_hydra_rewrites_their_records(tmp_path):
+    sweep = tmp_path / "sweep"
+    for job in ("0", "1"):
+        (sweep / job / "checkpoints").mkdir(parents=True)
+        (sweep / job / "checkpoints" / "last.pt").write_bytes(b"weights")
+        (sweep / job / ".hydra").mkdir()
+        (sweep / job / ".hydra" / "overrides.yaml").write_text(f"- training.lr={job}\n")
+    before = _tree(sweep)
+    with pytest.raises(SystemExit) as refused:
+        before_hydra.refuse_a_taken_run_dir("train", ["-m", "training.lr=1,2", f"hydra.sweep.dir={sweep}"])
+    assert refused.value.code == (
+        f"hydra.sweep.dir: {sweep} already holds the checkpoints of an earlier sweep's jobs (0, 1), which this sweep "
+        "would overwrite; sweep into a new folder (without hydra.sweep.dir each sweep makes its own), or continue a "
+        f"job with resume={sweep / '0'}")
+    assert _tree(sweep) == before
+    before_hydra.refuse_a_taken_run_dir("train", ["-m", "training.lr=1,2"])  # a new timestamped folder: no check
+    before_hydra.refuse_a_taken_run_dir("train", ["-m", f"hydra.sweep.dir={tmp_path / 'fresh'}"])
+    before_hydra.refuse_a_taken_run_dir("evaluate", ["-m", f"hydra.sweep.dir={sweep}"])  # no results there yet
+    (sweep / "1" / "metrics.json").write_text("{}")
+    with pytest.raises(SystemExit, match=r"holds the results of an earlier sweep's jobs \(1\)"):
+        before_hydra.refuse_a_taken_run_dir("evaluate", ["--multirun", f"hydra.sweep.dir={sweep}"])
+
+
+@pytest.mark.parametrize("rank, argv, extra", [
+    (None, [], []),
+    ("0", ["hydra.run.dir=run"], []),
+    ("1", [], ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null",
+               "hydra.run.dir=."]),
+    ("3", ["hydra.run.dir=run"], ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR",
+                                  "hydra.output_subdir=null"]),
+])
+def test_a_helper_rank_under_torchrun_leaves_the_folder_and_the_log_to_rank_0(monkeypatch, rank, argv, extra):
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    assert before_hydra.as_a_helper_rank(argv) == extra

@@ -1,0 +1,106 @@
+"""What a command checks and arranges from its command line before Hydra composes the config and writes the run
+folder: a key the command's schema lacks, a ``hydra.run.dir`` (or sweep folder) holding another run's work, the
+settings of a helper rank under torchrun, and a full disk under Hydra's ``.hydra/`` snapshot. Each refusal is one
+line and leaves every folder as it was."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from transformer.app.schemas import refuse_unknown_overrides
+from transformer.config import ConfigError
+
+
+def overrides_given(overrides: list[str]) -> dict[str, Any]:
+    """``{key: value}`` of command-line overrides as Hydra parses them (quotes, ``+``/``++``, ``null``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(overrides)}
+
+
+def refuse_mistyped_keys(schema: type, argv: list[str], config_root: Path) -> None:
+    """Exit naming the nearest setting when a ``key=value`` of ``argv`` names none of ``schema`` (nor a config group
+    under ``config_root``): Hydra would answer with a paragraph that advises adding the key with ``+``."""
+    groups = [path.name for path in config_root.iterdir() if path.is_dir() and path.name != "hydra"]
+    try:
+        refuse_unknown_overrides(schema, argv, groups)
+    except ConfigError as error:
+        sys.exit(str(error))
+
+
+def name_a_full_disk_under_hydras_snapshot() -> None:
+    """Hydra writes the run folder's ``.hydra/`` snapshot before any command's code runs, and reports a failed write
+    as a traceback: on a full disk, say so in one line instead, as the commands do for their own writes."""
+    from hydra.core import utils as hydra_utils
+
+    save = hydra_utils._save_config
+    if getattr(save, "names_a_full_disk", False):
+        return
+
+    def save_or_name_a_full_disk(cfg: Any, filename: str, output_dir: Path) -> None:
+        try:
+            save(cfg, filename, output_dir)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            sys.exit(f"no space left on device (ENOSPC) while writing {Path(output_dir) / filename}; "
+                     "free space and run the command again")
+
+    save_or_name_a_full_disk.names_a_full_disk = True  # type: ignore[attr-defined]
+    hydra_utils._save_config = save_or_name_a_full_disk
+
+
+def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
+    """Before Hydra writes anything (``.hydra/``, the log) into ``hydra.run.dir``: refuse a folder holding another
+    run's work, so a refused command leaves it byte for byte as it was. ``train`` refuses a folder with
+    checkpoints unless it resumes that very run; ``evaluate`` one with results unless ``overwrite=true``."""
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    try:
+        given = overrides_given(overrides)
+    except Exception:  # Hydra itself reports a malformed override, with its own message
+        return
+    if "-m" in argv or "--multirun" in argv or str(given.get("hydra.mode", "")).upper() == "MULTIRUN":
+        if given.get("hydra.sweep.dir") is not None:  # else each sweep makes a folder of its own
+            _refuse_a_taken_sweep_dir(command, Path(str(given["hydra.sweep.dir"])))
+        return
+    if given.get("hydra.run.dir") is None:
+        return
+    folder = Path(str(given["hydra.run.dir"]))
+    resume = given.get("resume")
+    resumes_it = resume == "auto" or (resume is not None and folder.resolve() in
+                                      (Path(str(resume)).resolve(), *Path(str(resume)).resolve().parents))
+    if command == "train" and not resumes_it and any((folder / "checkpoints").glob("*.pt")):
+        sys.exit(f"hydra.run.dir: {folder} already holds a run's checkpoints, which a new run would overwrite; "
+                 f"continue it with resume={folder}, or train into another directory")
+    # .hydra/ and a log alone are a refused command's: nothing of value, so a retry may reuse the folder.
+    taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints") if (folder / name).exists()]
+    if command == "evaluate" and taken and given.get("overwrite") is not True:
+        sys.exit(f"hydra.run.dir: {folder} already holds {', '.join(taken)} (a training run's or an earlier "
+                 "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
+
+
+def _refuse_a_taken_sweep_dir(command: str, folder: Path) -> None:
+    """A sweep into ``hydra.sweep.dir`` writes each job's ``.hydra/`` record into ``DIR/<job>`` before the job's
+    code runs: refuse a folder whose jobs hold checkpoints (``train``) or results (``evaluate``) first."""
+    names = ["checkpoints/*.pt"] if command == "train" else ["metrics.json", "hypotheses.txt"]
+    jobs = sorted({str(path.relative_to(folder)).split("/checkpoints/")[0].removesuffix(f"/{path.name}")
+                   for name in names for path in folder.glob(f"**/{name}")})
+    if jobs:
+        what = "checkpoints" if command == "train" else "results"
+        sys.exit(f"hydra.sweep.dir: {folder} already holds the {what} of an earlier sweep's jobs "
+                 f"({', '.join(jobs[:5])}{', ...' if len(jobs) > 5 else ''}), which this sweep would overwrite; "
+                 "sweep into a new folder (without hydra.sweep.dir each sweep makes its own)"
+                 + (f", or continue a job with resume={folder / jobs[0]}" if command == "train" else ""))
+
+
+def as_a_helper_rank(argv: list[str]) -> list[str]:
+    """Under torchrun, the Hydra settings that leave the run's folder and log to rank 0 (which tells the others its
+    folder): a rank above 0 makes no folder (its own is the current one, unwritten), no ``.hydra``, logs errors only."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        return []
+    quiet = ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null"]
+    return quiet if any(arg.startswith("hydra.run.dir=") for arg in argv) else [*quiet, "hydra.run.dir=."]

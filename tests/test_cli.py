@@ -260,6 +260,14 @@ def test_a_glove_run_resumes_without_its_vectors_file_or_glove_path(toy_corpus: 
             "on the command line") in fresh.stdout
 
 
+def test_a_debug_preset_over_an_experiment_says_whose_model_is_trained(tmp_path: Path) -> None:
+    done = _train_command(tmp_path, "experiment=multi30k_glove", "debug=cpu_tiny", "model.glove.path=null",
+                          "training.lr=-1", f"hydra.run.dir={tmp_path / 'run'}")  # refused just after the warning
+    assert done.returncode == 1 and "training.lr: must be > 0" in done.stdout
+    assert ("debug=cpu_tiny replaces experiment=multi30k_glove's model and search with its own (model=tiny, "
+            "eval=greedy): a check of the pipeline, not of the experiment's model") in done.stdout
+
+
 def _tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 

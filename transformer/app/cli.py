@@ -183,6 +183,7 @@ def _train(cfg: DictConfig) -> float | None:
     from transformer.app import pipeline
 
     def train(cfg: DictConfig) -> dict:
+        _say_what_debug_replaces()
         cfg, recipe = _with_recipe(cfg)
         typed = OmegaConf.to_object(cfg)
         schemas.refuse_unknown_keys(typed)
@@ -190,6 +191,18 @@ def _train(cfg: DictConfig) -> float | None:
 
     metrics = _run(train, cfg, typed=False)
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
+
+
+def _say_what_debug_replaces() -> None:
+    """A ``debug`` preset chooses its own model and search (it comes after ``experiment`` in the defaults list):
+    with an experiment, say that the experiment's model is not the one trained (a GloVe one, say)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    choices = HydraConfig.get().runtime.choices
+    if choices.get("debug") and choices.get("experiment"):
+        log.warning("debug=%s replaces experiment=%s's model and search with its own (model=%s, eval=%s): a check "
+                    "of the pipeline, not of the experiment's model", choices["debug"], choices["experiment"],
+                    choices.get("model"), choices.get("eval"))
 
 
 def _export_search(cfg: DictConfig) -> DictConfig:

@@ -167,6 +167,13 @@ def test_average_needs_an_output_and_two_inputs(monkeypatch, argv) -> None:
         cli.average_main()
 
 
+def test_average_help_prints_its_usage_and_succeeds(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(pipeline, "average", lambda paths, out: pytest.fail("must not average"))
+    monkeypatch.setattr(sys, "argv", ["transformer-average", "--help"])
+    cli.average_main()  # returns: exit status 0
+    assert capsys.readouterr().out.startswith("usage: transformer-average OUT.pt IN1.pt IN2.pt [...]: average")
+
+
 @pytest.mark.parametrize("argv", [["transformer-recipe"], ["transformer-recipe", "ensemble", "--seeds", "1,2"]])
 def test_a_recipe_without_its_folder_is_refused_in_one_usage_line(monkeypatch, capsys, argv) -> None:
     monkeypatch.setattr(sys, "argv", argv)
@@ -366,6 +373,10 @@ def test_help_says_what_the_command_does_and_shows_its_settings_as_overridden(tm
     assert setting in done.stdout and "docs/reference/configuration.md" in done.stdout
     assert "Configuration groups" not in done.stdout and "powered by Hydra" not in done.stdout
     assert list(tmp_path.iterdir()) == []  # help writes nothing
+    groups = "== Config groups (choose an option: group=option) ==\n\ndata: custom, multi30k_de_en"
+    assert (groups in done.stdout) == (command == "train")  # listed from the config search path: also in a wheel
+    if command == "train":
+        assert "\ndebug: cpu_tiny, overfit_batch\n" in done.stdout and "glove50" in done.stdout
 
 
 def test_every_command_config_says_what_its_command_does() -> None:

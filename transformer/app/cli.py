@@ -349,8 +349,12 @@ def average_main() -> None:
     """``transformer-average OUT.pt IN1.pt IN2.pt ...``: average model weights of checkpoints."""
     from transformer.app import pipeline
 
+    usage = "usage: transformer-average OUT.pt IN1.pt IN2.pt [...]: average the model weights of checkpoints"
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(usage)
+        return
     if len(sys.argv) < 4:
-        sys.exit("usage: transformer-average OUT.pt IN1.pt IN2.pt [...]")
+        sys.exit(usage)
     try:
         pipeline.average(sys.argv[2:], sys.argv[1])
     except _user_errors() as error:

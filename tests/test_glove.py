@@ -115,6 +115,14 @@ def test_dimension_mismatch_names_file_line_and_numbers(tmp_path: Path) -> None:
         vector_dim(zipped)
 
 
+def test_a_word2vec_header_that_disagrees_with_the_vectors_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "vectors.w2v.txt"
+    path.write_text("2 30\nthe 0.1 0.2 0.3\ndog 4 5 6\n", encoding="utf-8")  # the header says 30, the lines 3
+    with pytest.raises(GloveError, match=re.escape(f"{path}:2: expected a word and 30 numbers, found 3 values; the "
+                                                   "header (line 1) announces 30-dimensional vectors")):
+        vector_dim(path)
+
+
 @pytest.mark.parametrize(
     ("bad_line", "message"),
     [("cat 7 8", "expected a word and 3 numbers, found 2 values"),

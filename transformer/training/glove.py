@@ -134,17 +134,26 @@ def _open_lines(path: str | Path, dim: int | None) -> Iterator[tuple[str, Iterat
 
 
 def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:
-    """The vectors' dimension, from the first line only (cheap; for checks before training).
+    """The vectors' dimension, from the first line (cheap; for checks before training), and the second where the
+    first is a word2vec header: the two must agree.
 
     ``expected_dim`` only chooses the member of a multi-file ``.zip`` such as ``glove.6B.zip``.
     """
     with _open_lines(path, expected_dim) as (name, lines):
         try:
-            first = next(iter(lines), "")
+            lines = iter(lines)
+            first = next(lines, "")
+            header = _header_dim(first)
+            second = next(lines, "") if header is not None else ""
         except UnicodeDecodeError as error:
-            raise GloveError(f"{name}:1: not UTF-8 text ({error})") from error
+            raise GloveError(f"{name}: not UTF-8 text ({error})") from error
         if not first.strip():
             raise GloveError(f"{name}:1: empty vector file")
+        if second.strip():
+            try:
+                _parse_values(name, 2, second.rstrip().split(" "), header)
+            except GloveError as error:
+                raise GloveError(f"{error}; the header (line 1) announces {header}-dimensional vectors") from None
         return _line_dim(first)
 
 

@@ -55,13 +55,14 @@ def _translated(compose_config, run: Path, lines: Path, out: Path) -> list[str]:
     return read_lines(out)
 
 
-def test_diversify_writes_the_split_translated_both_ways_and_never_overwrites(compose_config, toy_runs):
+def test_diversify_writes_the_split_translated_both_ways_and_never_overwrites(compose_config, toy_runs, monkeypatch):
     root, corpus = toy_runs["root"], toy_runs["corpus"]
     out = root / "diversified"
+    monkeypatch.chdir(root)  # out_dir given relative: the record still names every file absolutely
 
     def run(*overrides: str) -> dict:
         cfg = compose_config("diversify", [f"forward=[{toy_runs['forward']}]", "eval=greedy", "device=cpu",
-                                           f"out_dir={out}", *overrides])
+                                           "out_dir=diversified", *overrides])
         return diversify.run(OmegaConf.to_object(cfg))
 
     record = run(f"backward=[{toy_runs['backward']}]")
@@ -73,6 +74,7 @@ def test_diversify_writes_the_split_translated_both_ways_and_never_overwrites(co
     assert record["pairs"] == 80 and record["written_pairs"] == 240
     assert json.loads((out / "diversify.json").read_text()) == record
     assert record["backward"] == [str(toy_runs["backward"] / "checkpoints" / "final.pt")]
+    assert record["written"] == [str(out / "train.src.gz"), str(out / "train.tgt.gz")]
 
     before = (out / "train.src.gz").read_bytes()
     with pytest.raises(DataError, match=r"^out_dir: .*train\.src\.gz exists; choose a new folder"):

@@ -56,11 +56,14 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
     backward_src = translated(backward, tgt, f"targets ({data.tgt})") if backward is not None else None
     new_src, new_tgt = diversified_pairs(src, tgt, forward_tgt, backward_src)
     paths = write_split(cfg.out_dir, data.train_split, data.src, data.tgt, new_src, new_tgt)
+    def absolute(paths) -> list[str]:  # the record is read from other folders (recipes, later commands)
+        return [str(Path(path).absolute()) for path in paths]
+
     record = {
-        "corpus": [str(path) for path in corpus_paths(data, data.train_split)], "pairs": len(src),
-        "written": [str(path) for path in paths], "written_pairs": len(new_src),
-        "forward": [str(path) for path in (forward.path, *forward.ensemble_paths)],
-        "backward": [] if backward is None else [str(path) for path in (backward.path, *backward.ensemble_paths)],
+        "corpus": absolute(corpus_paths(data, data.train_split)), "pairs": len(src),
+        "written": absolute(paths), "written_pairs": len(new_src),
+        "forward": absolute((forward.path, *forward.ensemble_paths)),
+        "backward": [] if backward is None else absolute((backward.path, *backward.ensemble_paths)),
         "eval": to_plain_dict(cfg.eval),
     }
     record_path = Path(cfg.out_dir) / "diversify.json"  # written last and whole: recipes take it as "done"

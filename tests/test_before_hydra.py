@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import CONFIG_DIR
 
 from transformer.app import before_hydra
+from transformer.config import TrainConfig
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -36,13 +38,16 @@ def test_a_sweep_into_a_folder_whose_jobs_hold_checkpoints_is_refused_before_hyd
         before_hydra.refuse_a_taken_run_dir("evaluate", ["--multirun", f"hydra.sweep.dir={sweep}"])
 
 
+QUIET = ["hydra/job_logging=stderr", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null"]
+
+
 @pytest.mark.parametrize("rank, argv, extra", [
     (None, [], []),
     ("0", ["hydra.run.dir=run"], []),
-    ("1", [], ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null",
+    ("1", [], [*QUIET, "hydra.job_logging.formatters.simple.format='[rank 1][%(levelname)s] %(name)s: %(message)s'",
                "hydra.run.dir=."]),
-    ("3", ["hydra.run.dir=run"], ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR",
-                                  "hydra.output_subdir=null"]),
+    ("3", ["++hydra.run.dir=run"], [
+        *QUIET, "hydra.job_logging.formatters.simple.format='[rank 3][%(levelname)s] %(name)s: %(message)s'"]),
 ])
 def test_a_helper_rank_under_torchrun_leaves_the_folder_and_the_log_to_rank_0(monkeypatch, rank, argv, extra):
     if rank is None:
@@ -50,3 +55,12 @@ def test_a_helper_rank_under_torchrun_leaves_the_folder_and_the_log_to_rank_0(mo
     else:
         monkeypatch.setenv("RANK", rank)
     assert before_hydra.as_a_helper_rank(argv) == extra
+
+
+def test_shell_completion_and_configs_from_elsewhere_are_left_to_hydra(tmp_path):
+    for argv in (["-sc", "install=bash"], ["--config-dir", str(tmp_path), "mygroup=x"],
+                 ["hydra.searchpath=[file://x]", "mygroup=x"]):
+        before_hydra.refuse_mistyped_keys(TrainConfig, argv, CONFIG_DIR)  # no exit
+    with pytest.raises(SystemExit, match="^mygroup: no such setting; the settings here: data, model, training, eval, "
+                                         "output_dir, resume, device, debug, experiment$"):
+        before_hydra.refuse_mistyped_keys(TrainConfig, ["mygroup=x"], CONFIG_DIR)

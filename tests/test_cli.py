@@ -271,8 +271,9 @@ def test_a_debug_preset_over_an_experiment_says_whose_model_is_trained(tmp_path:
     done = _train_command(tmp_path, "experiment=multi30k_glove", "debug=cpu_tiny", "model.glove.path=null",
                           "training.lr=-1", f"hydra.run.dir={tmp_path / 'run'}")  # refused just after the warning
     assert done.returncode == 1 and "training.lr: must be > 0" in done.stdout
-    assert ("debug=cpu_tiny replaces experiment=multi30k_glove's model and search with its own (model=tiny, "
-            "eval=greedy): a check of the pipeline, not of the experiment's model") in done.stdout
+    assert ("debug=cpu_tiny chooses its own model and search (model=tiny, eval=greedy) over experiment="
+            "multi30k_glove's; the keys the experiment sets itself still apply: a check of the pipeline, not a run of "
+            "the experiment") in done.stdout
 
 
 def _tree(folder: Path) -> dict[str, bytes]:

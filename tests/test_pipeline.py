@@ -451,13 +451,15 @@ def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
 
 
 @pytest.mark.slow
-def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path):
+@pytest.mark.parametrize("named", [False, True])
+def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path, named):
     """The README's multi-device command on CPU (gloo; also on a one-GPU machine): 2 ranks train, rank 0 writes
-    the run directory, the only one made, and logs each line once; the other rank writes nothing."""
-    subprocess.run(
+    the run directory, the only one made (Hydra's own or ``hydra.run.dir``), and logs each line once; the other
+    rank writes nothing and logs nothing but errors."""
+    done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
          str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "training.max_steps=6",
-         "training.threads=1", "device=cpu"],
+         "training.threads=1", "device=cpu", *([f"hydra.run.dir={tmp_path / 'outputs' / 'train' / 'run'}"] * named)],
         check=True, cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     [run] = (tmp_path / "outputs" / "train").iterdir()
@@ -468,6 +470,8 @@ def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path):
     lines = [line.split(" - ", 1)[1] for line in (run / "train.log").read_text().splitlines() if " - " in line]
     assert sum(line.startswith("training stopped") for line in lines) == 1
     assert len(lines) == len(set(lines))
+    console = done.stdout + done.stderr
+    assert console.count("training stopped (max_steps) at step 6") == 1 and "[rank 1]" not in console
 
 
 def test_cli_reports_a_bad_config_in_one_line(tmp_path):

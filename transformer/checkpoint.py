@@ -205,8 +205,11 @@ def _load_failure(path: Path, exc: Exception) -> str:
     ``torch.save`` writes (a zip archive, or an old-style pickle) is said to be so: torch's own error for it names
     a pickle opcode (``KeyError: 101``). For a foreign pickle PyTorch's message is a paragraph whose advice (load
     with ``weights_only=False``) would run the file's code: only its reason is kept."""
-    with open(path, "rb") as file:
-        head = file.read(24)
+    try:
+        with open(path, "rb") as file:
+            head = file.read(24)
+    except OSError as error:  # not readable at all (permissions): the reason is the error itself
+        return f"{type(error).__name__}: {error.strerror}"
     if not head:
         return "the file is empty"
     if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive; a legacy pickle's PROTO opcode

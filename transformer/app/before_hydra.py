@@ -25,6 +25,10 @@ def overrides_given(overrides: list[str]) -> dict[str, Any]:
 def refuse_mistyped_keys(schema: type, argv: list[str], config_root: Path) -> None:
     """Exit naming the nearest setting when a ``key=value`` of ``argv`` names none of ``schema`` (nor a config group
     under ``config_root``): Hydra would answer with a paragraph that advises adding the key with ``+``."""
+    elsewhere = ("-sc", "--shell-completion", "-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name",
+                 "hydra.searchpath", "+hydra.searchpath", "++hydra.searchpath")
+    if any(arg.split("=")[0] in elsewhere for arg in argv):
+        return  # shell completion's queries, or configs (groups) from elsewhere: Hydra answers those itself
     groups = [path.name for path in config_root.iterdir() if path.is_dir() and path.name != "hydra"]
     try:
         refuse_unknown_overrides(schema, argv, groups)
@@ -87,7 +91,7 @@ def _refuse_a_taken_sweep_dir(command: str, folder: Path) -> None:
     """A sweep into ``hydra.sweep.dir`` writes each job's ``.hydra/`` record into ``DIR/<job>`` before the job's
     code runs: refuse a folder whose jobs hold checkpoints (``train``) or results (``evaluate``) first."""
     names = ["checkpoints/*.pt"] if command == "train" else ["metrics.json", "hypotheses.txt"]
-    jobs = sorted({str(path.relative_to(folder)).split("/checkpoints/")[0].removesuffix(f"/{path.name}")
+    jobs = sorted({str((path.parent.parent if command == "train" else path.parent).relative_to(folder))
                    for name in names for path in folder.glob(f"**/{name}")})
     if jobs:
         what = "checkpoints" if command == "train" else "results"
@@ -99,8 +103,15 @@ def _refuse_a_taken_sweep_dir(command: str, folder: Path) -> None:
 
 def as_a_helper_rank(argv: list[str]) -> list[str]:
     """Under torchrun, the Hydra settings that leave the run's folder and log to rank 0 (which tells the others its
-    folder): a rank above 0 makes no folder (its own is the current one, unwritten), no ``.hydra``, logs errors only."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    folder): a rank above 0 makes no folder (its own is the current one, unwritten), no ``.hydra``, and logs its
+    errors only, to stderr, naming its rank."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
         return []
-    quiet = ["hydra/job_logging=stdout", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null"]
-    return quiet if any(arg.startswith("hydra.run.dir=") for arg in argv) else [*quiet, "hydra.run.dir=."]
+    quiet = ["hydra/job_logging=stderr", "hydra.job_logging.root.level=ERROR", "hydra.output_subdir=null",
+             f"hydra.job_logging.formatters.simple.format='[rank {rank}][%(levelname)s] %(name)s: %(message)s'"]
+    try:
+        named = "hydra.run.dir" in overrides_given([arg for arg in argv if "=" in arg and not arg.startswith("-")])
+    except Exception:  # Hydra itself reports a malformed override, with its own message
+        named = True
+    return quiet if named else [*quiet, "hydra.run.dir=."]

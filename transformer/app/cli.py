@@ -194,15 +194,15 @@ def _train(cfg: DictConfig) -> float | None:
 
 
 def _say_what_debug_replaces() -> None:
-    """A ``debug`` preset chooses its own model and search (it comes after ``experiment`` in the defaults list):
-    with an experiment, say that the experiment's model is not the one trained (a GloVe one, say)."""
+    """A ``debug`` preset chooses its own model and search options (it comes after ``experiment`` in the defaults
+    list): with an experiment, say that the experiment's model option is not the one trained (a GloVe one, say)."""
     from hydra.core.hydra_config import HydraConfig
 
     choices = HydraConfig.get().runtime.choices
     if choices.get("debug") and choices.get("experiment"):
-        log.warning("debug=%s replaces experiment=%s's model and search with its own (model=%s, eval=%s): a check "
-                    "of the pipeline, not of the experiment's model", choices["debug"], choices["experiment"],
-                    choices.get("model"), choices.get("eval"))
+        log.warning("debug=%s chooses its own model and search (model=%s, eval=%s) over experiment=%s's; the keys "
+                    "the experiment sets itself still apply: a check of the pipeline, not a run of the experiment",
+                    choices["debug"], choices.get("model"), choices.get("eval"), choices["experiment"])
 
 
 def _export_search(cfg: DictConfig) -> DictConfig:

@@ -17,7 +17,7 @@ import gzip
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -55,13 +55,14 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
     forward_tgt = translated(forward, src, f"sources ({data.src})")
     backward_src = translated(backward, tgt, f"targets ({data.tgt})") if backward is not None else None
     new_src, new_tgt = diversified_pairs(src, tgt, forward_tgt, backward_src)
-    paths = write_split(cfg.out_dir, data.train_split, data.src, data.tgt, new_src, new_tgt)
-    def absolute(paths) -> list[str]:  # the record is read from other folders (recipes, later commands)
+    written = write_split(cfg.out_dir, data.train_split, data.src, data.tgt, new_src, new_tgt)
+
+    def absolute(paths: Iterable[str | Path]) -> list[str]:  # the record is read from other folders (recipes)
         return [str(Path(path).absolute()) for path in paths]
 
     record = {
         "corpus": absolute(corpus_paths(data, data.train_split)), "pairs": len(src),
-        "written": absolute(paths), "written_pairs": len(new_src),
+        "written": absolute(written), "written_pairs": len(new_src),
         "forward": absolute((forward.path, *forward.ensemble_paths)),
         "backward": [] if backward is None else absolute((backward.path, *backward.ensemble_paths)),
         "eval": to_plain_dict(cfg.eval),
@@ -69,7 +70,7 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
     record_path = Path(cfg.out_dir) / "diversify.json"  # written last and whole: recipes take it as "done"
     files.write_json(record_path, record)
     log.info("wrote %d pairs (%d original) to %s; train on them with data.train_dir=%s", len(new_src), len(src),
-             " and ".join(map(str, paths)), cfg.out_dir)
+             " and ".join(map(str, written)), cfg.out_dir)
     return record
 
 

@@ -110,7 +110,7 @@ def _start_run(cfg: TrainConfig, dist: DistContext) -> tuple[dict[str, Any] | No
     if cfg.resume is None:
         glove.check_dimension(cfg.model.glove, cfg.model.d_model)  # a resumed run's vectors are in its weights
         resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
-        if run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):
+        if dist.is_main and run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):  # the others: rank 0's
             raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
                               f"overwrite; continue it with resume={run.root}, or train into another directory "
                               "(output_dir=... or hydra.run.dir=...)")

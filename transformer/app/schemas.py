@@ -225,9 +225,9 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
             if part not in known:
                 if depth == 0 and part in groups:
                     break
-                names = known + sorted(groups) if depth == 0 else known
+                names = known + sorted(set(groups) - set(known)) if depth == 0 else known
                 nearest = difflib.get_close_matches(part, names, n=1)
-                hint = f"did you mean {prefix}{nearest[0]}?" if nearest else f"the settings here: {', '.join(known)}"
+                hint = f"did you mean {prefix}{nearest[0]}?" if nearest else f"the settings here: {', '.join(names)}"
                 raise ConfigError(f"{prefix}{part}: no such setting; {hint}")
             kind = hints[part]
             if typing.get_origin(kind) is typing.Union:  # Optional[SomeConfig]

@@ -140,7 +140,7 @@ def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:
     ``expected_dim`` only chooses the member of a multi-file ``.zip`` such as ``glove.6B.zip``.
     """
     with _open_lines(path, expected_dim) as (name, lines):
-        try:
+        try:  # decoded a block at a time: the error's position is not a line's
             lines = iter(lines)
             first = next(lines, "")
             header = _header_dim(first)

@@ -484,7 +484,8 @@ def test_a_resume_within_the_warm_up_says_the_decay_moved_not_the_rate(tmp_path,
 def test_a_run_resumed_at_an_epochs_last_step_does_not_validate_that_step_again(tmp_path):
     per_epoch = len(make_sampler(PAIRS, training_config()))
     first = make_trainer(tmp_path, training_config(max_steps=per_epoch, patience=1), PAIRS)
-    assert first.fit().reason == "max_steps"
+    stopped = first.fit()
+    assert (stopped.reason, stopped.epochs) == ("max_steps", 1)  # its last step trained: the epoch is done
     state = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
     assert state["sampler"] == {"epoch": 0, "position": per_epoch, "batches": per_epoch}
     assert state["last_valid_step"] == per_epoch

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
 from transformer.config import ConfigError, DataConfig, ModelConfig, flatten, to_plain_dict
 from transformer.training.checkpoints import CheckpointManager
+from transformer.training.loop_state import mid_epoch
 
 log = logging.getLogger(__name__)
 
@@ -184,12 +185,6 @@ def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any],
     log.warning("the resumed history's best checkpoint (step %d) was rotated away: the next validation sets a "
                 "new best", best_step)
     return True
-
-
-def mid_epoch(sampler_state: dict[str, Any]) -> bool:
-    """Whether a checkpoint's sampler state lies inside an epoch: some of its batches trained, not all (a state
-    without ``batches``, written before version 0.9.3, counts as inside once it has begun)."""
-    return 0 < sampler_state["position"] < sampler_state.get("batches", float("inf"))
 
 
 def sampler_state(checkpoint: dict[str, Any], world_size: int, batches: int) -> dict[str, Any]:

@@ -252,7 +252,7 @@ class Trainer:
             log.info("training stopped (%s) at step %d: %.1f minutes of training in all, %.1f in this call%s",
                      reason, self.step, self.train_seconds / 60.0, (time.monotonic() - self._started) / 60.0, graphs)
         stopping = self.horizon.early_stopping
-        return TrainResult(steps=self.step, epochs=self.epoch, best_bleu=stopping.best_bleu,
+        return TrainResult(steps=self.step, epochs=self.state.epochs_done, best_bleu=stopping.best_bleu,
                            best_step=stopping.best_step, stopped_early=reason == "early_stopping", reason=reason,
                            wall_seconds=time.monotonic() - self._started, train_seconds=self.train_seconds,
                            last_metrics=dict(self.state.last_metrics))

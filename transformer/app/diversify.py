@@ -47,7 +47,8 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
     src, tgt = load_split(data, data.train_split)
 
     def translated(trained: TrainedModel, lines: list[str], what: str) -> list[str]:
-        log.info("translating the %d training %s with %s", len(lines), what, trained.path)
+        log.info("translating the %d training %s with %s", len(lines), what,
+                 " + ".join(map(str, (trained.path, *trained.ensemble_paths))))
         nbest = translate(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
                           trained.model.max_positions, progress=True)
         return [candidates[0] for candidates in nbest]

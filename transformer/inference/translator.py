@@ -199,10 +199,11 @@ class Translator:
         return out
 
     def _warn_once(self, cfg: EvalConfig) -> None:
-        """Where CTranslate2's beam search differs from this app's, said once per translator."""
+        """Where CTranslate2's beam search differs from this app's, said once per translator (for the default GNMT
+        normalisation as information: every export of a default run decodes so)."""
         if cfg.length_norm is LengthNorm.gnmt and not self._warned_gnmt:
-            log.warning("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length "
-                        "(average) instead")
+            log.info("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length "
+                     "(average) instead")  # the default: said, but not as a warning each time an export is used
             self._warned_gnmt = True
         if cfg.length_norm is LengthNorm.none and cfg.n_best > 1 and not self._warned_nbest:
             log.warning("eval.length_norm=none: CTranslate2's beam search stops once its best hypothesis ends, so only "

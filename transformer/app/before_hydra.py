@@ -11,12 +11,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hydra.errors import HydraException
+
 from transformer.app.schemas import refuse_unknown_overrides
 from transformer.config import ConfigError
 
 
 def overrides_given(overrides: list[str]) -> dict[str, Any]:
-    """``{key: value}`` of command-line overrides as Hydra parses them (quotes, ``+``/``++``, ``null``)."""
+    """``{key: value}`` of command-line overrides as Hydra parses them (quotes, ``+``/``++``, ``null``).
+
+    Raises:
+        hydra.errors.HydraException: a malformed override (``OverrideParseException``).
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(overrides)}
@@ -65,7 +71,7 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
     try:
         given = overrides_given(overrides)
-    except Exception:  # Hydra itself reports a malformed override, with its own message
+    except HydraException:  # a malformed override: Hydra itself reports it, with its own message
         return
     if "-m" in argv or "--multirun" in argv or str(given.get("hydra.mode", "")).upper() == "MULTIRUN":
         if given.get("hydra.sweep.dir") is not None:  # else each sweep makes a folder of its own
@@ -112,6 +118,6 @@ def as_a_helper_rank(argv: list[str]) -> list[str]:
              f"hydra.job_logging.formatters.simple.format='[rank {rank}][%(levelname)s] %(name)s: %(message)s'"]
     try:
         named = "hydra.run.dir" in overrides_given([arg for arg in argv if "=" in arg and not arg.startswith("-")])
-    except Exception:  # Hydra itself reports a malformed override, with its own message
+    except HydraException:  # a malformed override: Hydra itself reports it, with its own message
         named = True
     return quiet if named else [*quiet, "hydra.run.dir=."]

@@ -64,3 +64,16 @@ def test_shell_completion_and_configs_from_elsewhere_are_left_to_hydra(tmp_path)
     with pytest.raises(SystemExit, match="^mygroup: no such setting; the settings here: data, model, training, eval, "
                                          "output_dir, resume, device, debug, experiment$"):
         before_hydra.refuse_mistyped_keys(TrainConfig, ["mygroup=x"], CONFIG_DIR)
+
+
+def test_a_resume_without_hydra_run_dir_runs_in_the_resumed_runs_folder(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step_4.pt").write_bytes(b"weights")
+    into_run = [f"hydra.run.dir='{run}'", "hydra.output_subdir=null"]
+    assert before_hydra.resume_in_its_run_dir([f"resume={run}", "training.max_steps=8"]) == into_run
+    assert before_hydra.resume_in_its_run_dir([f"resume={run / 'checkpoints'}"]) == into_run
+    assert before_hydra.resume_in_its_run_dir([f"resume={run / 'checkpoints' / 'step_4.pt'}"]) == into_run
+    for argv in ([f"resume={run}", f"hydra.run.dir={tmp_path / 'elsewhere'}"], ["resume=auto"], [],
+                 [f"resume={tmp_path / 'nothing'}"], ["-m", f"resume={run}"]):
+        assert before_hydra.resume_in_its_run_dir(argv) == []

@@ -242,6 +242,21 @@ def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) 
                                                                                "training.max_steps=8"]
 
 
+def test_a_resume_continues_the_runs_log_and_makes_no_folder_of_its_own(toy_corpus: Path, tmp_path: Path) -> None:
+    recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", f"data.dir={toy_corpus}",
+              "data.cache_dir=${data.dir}_cache", "training.max_tokens=256", "device=cpu"]
+    run = tmp_path / "outputs" / "train" / "run"
+    first = _train_command(tmp_path, *recipe, "training.max_steps=2", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    started = _tree(run / ".hydra")
+    resumed = _train_command(tmp_path, f"resume={run / 'checkpoints' / 'last.pt'}", "training.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert [path.name for path in (tmp_path / "outputs" / "train").iterdir()] == ["run"]
+    assert _tree(run / ".hydra") == started  # the record of how the run started
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert log.count("training stopped (max_steps) at step 2") == log.count("at step 4: ") == 1
+
+
 def test_a_glove_run_resumes_without_its_vectors_file_or_glove_path(toy_corpus: Path, tmp_path: Path) -> None:
     """The vectors are read only when a run starts: the run resumes after its file is gone and GLOVE_PATH unset,
     and a new run without GLOVE_PATH is refused in one line that names the variable."""

@@ -107,6 +107,26 @@ def _refuse_a_taken_sweep_dir(command: str, folder: Path) -> None:
                  + (f", or continue a job with resume={folder / jobs[0]}" if command == "train" else ""))
 
 
+def resume_in_its_run_dir(argv: list[str]) -> list[str]:
+    """``resume=RUN`` (or a checkpoint of RUN) without ``hydra.run.dir``: the Hydra settings that make RUN this
+    command's folder, so its log continues RUN's ``train.log`` and RUN's ``.hydra/`` record of how it started is
+    kept, instead of a new timestamped folder that would hold only a copy of the log."""
+    if "-m" in argv or "--multirun" in argv:
+        return []
+    try:
+        given = overrides_given([arg for arg in argv if "=" in arg and not arg.startswith("-")])
+    except HydraException:  # a malformed override: Hydra itself reports it, with its own message
+        return []
+    if given.get("resume") in (None, "auto") or "hydra.run.dir" in given:
+        return []
+    target = Path(str(given["resume"]))
+    root = target.parent.parent if target.is_file() and target.parent.name == "checkpoints" else (
+        target.parent if target.name == "checkpoints" else target)
+    if not (root / "checkpoints").is_dir() or "'" in str(root):
+        return []  # not a run: the command names what is wrong with resume=
+    return [f"hydra.run.dir='{root}'", "hydra.output_subdir=null"]
+
+
 def as_a_helper_rank(argv: list[str]) -> list[str]:
     """Under torchrun, the Hydra settings that leave the run's folder and log to rank 0 (which tells the others its
     folder): a rank above 0 makes no folder (its own is the current one, unwritten), no ``.hydra``, and logs its

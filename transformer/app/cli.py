@@ -305,6 +305,7 @@ def _setup(schema: type | None = None) -> None:
 def train_main() -> None:
     _setup(schemas.TrainConfig)
     before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
+    sys.argv += before_hydra.resume_in_its_run_dir(sys.argv[1:])
     sys.argv += before_hydra.as_a_helper_rank(sys.argv[1:])
     _train()
 

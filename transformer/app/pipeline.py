@@ -131,7 +131,8 @@ def _log_into(path: Path | None) -> Iterator[None]:
     """Also append the log to ``path`` meanwhile (None, or a file the log already goes to: nothing to add).
 
     A resumed run writes its checkpoints into the original run directory, so its log continues that run's
-    ``train.log`` there too; Hydra's directory for this invocation keeps its own copy.
+    ``train.log`` there too (``transformer-train`` makes the resumed run its Hydra folder, unless ``hydra.run.dir``
+    names another, which then keeps a copy).
     """
     root = logging.getLogger()
     handlers = [h for h in root.handlers if isinstance(h, logging.FileHandler)]

@@ -8,6 +8,7 @@ import pytest
 from conftest import CONFIG_DIR
 
 from transformer.app import before_hydra
+from transformer.app.schemas import EvaluateConfig
 from transformer.config import TrainConfig
 
 
@@ -60,10 +61,16 @@ def test_a_helper_rank_under_torchrun_leaves_the_folder_and_the_log_to_rank_0(mo
 def test_shell_completion_and_configs_from_elsewhere_are_left_to_hydra(tmp_path):
     for argv in (["-sc", "install=bash"], ["--config-dir", str(tmp_path), "mygroup=x"],
                  ["hydra.searchpath=[file://x]", "mygroup=x"]):
-        before_hydra.refuse_mistyped_keys(TrainConfig, argv, CONFIG_DIR)  # no exit
+        before_hydra.refuse_mistyped_keys(TrainConfig, argv, CONFIG_DIR / "train.yaml")  # no exit
     with pytest.raises(SystemExit, match="^mygroup: no such setting; the settings here: data, model, training, eval, "
                                          "output_dir, resume, device, debug, experiment$"):
-        before_hydra.refuse_mistyped_keys(TrainConfig, ["mygroup=x"], CONFIG_DIR)
+        before_hydra.refuse_mistyped_keys(TrainConfig, ["mygroup=x"], CONFIG_DIR / "train.yaml")
+
+
+def test_a_group_the_command_does_not_choose_from_is_refused_with_its_own_settings():
+    with pytest.raises(SystemExit, match="^model: no such setting; "):  # evaluate takes its model from the run
+        before_hydra.refuse_mistyped_keys(EvaluateConfig, ["run_dir=x", "model=small"], CONFIG_DIR / "evaluate.yaml")
+    before_hydra.refuse_mistyped_keys(EvaluateConfig, ["run_dir=x", "eval=greedy"], CONFIG_DIR / "evaluate.yaml")
 
 
 def test_a_resume_without_hydra_run_dir_runs_in_the_resumed_runs_folder(tmp_path, monkeypatch):

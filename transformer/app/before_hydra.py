@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra.errors import HydraException
 
 from transformer.app.schemas import refuse_unknown_overrides
@@ -28,14 +29,17 @@ def overrides_given(overrides: list[str]) -> dict[str, Any]:
     return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(overrides)}
 
 
-def refuse_mistyped_keys(schema: type, argv: list[str], config_root: Path) -> None:
+def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> None:
     """Exit naming the nearest setting when a ``key=value`` of ``argv`` names none of ``schema`` (nor a config group
-    under ``config_root``): Hydra would answer with a paragraph that advises adding the key with ``+``."""
+    that the command's ``root_config`` YAML chooses from): Hydra would answer with a paragraph that advises adding
+    the key with ``+``."""
     elsewhere = ("-sc", "--shell-completion", "-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name",
                  "hydra.searchpath", "+hydra.searchpath", "++hydra.searchpath")
     if any(arg.split("=")[0] in elsewhere for arg in argv):
         return  # shell completion's queries, or configs (groups) from elsewhere: Hydra answers those itself
-    groups = [path.name for path in config_root.iterdir() if path.is_dir() and path.name != "hydra"]
+    defaults = yaml.safe_load(root_config.read_text(encoding="utf-8")).get("defaults", [])
+    groups = [key for entry in defaults if isinstance(entry, dict) for key in entry
+              if key != "hydra" and not key.startswith("override ")]
     try:
         refuse_unknown_overrides(schema, argv, groups)
     except ConfigError as error:

@@ -286,9 +286,10 @@ def _benchmark(cfg: DictConfig) -> None:
     _run(benchmark.run, cfg)
 
 
-def _setup(schema: type | None = None) -> None:
-    """Register the config schemas; the checks before Hydra composes (``before_hydra``: a key the command's
-    ``schema`` lacks); make Ctrl-C stop a command that a shell script started in the background.
+def _setup(schema: type | None = None, command: str = "") -> None:
+    """Register the config schemas; the checks before Hydra composes (``before_hydra``: a key the ``schema`` of
+    ``command``, whose root config is ``configs/<command>.yaml``, lacks); make Ctrl-C stop a command that a shell
+    script started in the background.
 
     Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
     process group: so SIGINT raises KeyboardInterrupt here too, from the start (training itself first finishes its
@@ -296,14 +297,14 @@ def _setup(schema: type | None = None) -> None:
     """
     schemas.register_configs()
     if schema is not None:
-        before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH))
+        before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
     before_hydra.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def train_main() -> None:
-    _setup(schemas.TrainConfig)
+    _setup(schemas.TrainConfig, "train")
     before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
     sys.argv += before_hydra.resume_in_its_run_dir(sys.argv[1:])
     sys.argv += before_hydra.as_a_helper_rank(sys.argv[1:])
@@ -311,38 +312,38 @@ def train_main() -> None:
 
 
 def evaluate_main() -> None:
-    _setup(schemas.EvaluateConfig)
+    _setup(schemas.EvaluateConfig, "evaluate")
     before_hydra.refuse_a_taken_run_dir("evaluate", sys.argv[1:])
     _evaluate()
 
 
 def translate_main() -> None:
-    _setup(schemas.TranslateConfig)
+    _setup(schemas.TranslateConfig, "translate")
     _translate()
 
 
 def serve_main() -> None:
-    _setup(schemas.ServeConfig)
+    _setup(schemas.ServeConfig, "serve")
     _serve()
 
 
 def diversify_main() -> None:
-    _setup(schemas.DiversifyConfig)
+    _setup(schemas.DiversifyConfig, "diversify")
     _diversify()
 
 
 def prepare_data_main() -> None:
-    _setup(schemas.PrepareDataConfig)
+    _setup(schemas.PrepareDataConfig, "prepare_data")
     _prepare_data()
 
 
 def export_main() -> None:
-    _setup(schemas.ExportConfig)
+    _setup(schemas.ExportConfig, "export")
     _export()
 
 
 def benchmark_main() -> None:
-    _setup(schemas.BenchmarkConfig)
+    _setup(schemas.BenchmarkConfig, "benchmark")
     _benchmark()
 
 

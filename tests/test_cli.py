@@ -86,8 +86,15 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                                      "data.tokenizer.kind?"),
     (cli.evaluate_main, ["run_dir=x", "eval.beam=3"], "eval.beam: no such setting; did you mean eval.beam_size?"),
     (cli.serve_main, ["hots=0.0.0.0"], "hots: no such setting; did you mean host?"),
+    (cli.train_main, ["model.d_model=abc"], "model.d_model=abc: Value 'abc' of type 'str' could not be converted to "
+                                            "Integer"),
+    (cli.train_main, ["+training.max_steps=3.5"], "training.max_steps=3.5: Value '3.5' of type 'float' could not be "
+                                                  "converted to Integer"),
+    (cli.train_main, ["model.norm=middle"], "model.norm=middle: Invalid value 'middle', expected one of [pre, post]"),
+    (cli.evaluate_main, ["run_dir=x", "eval.beam_size=null"], "eval.beam_size=null: field 'beam_size' is not "
+                                                              "Optional"),
 ])
-def test_a_mistyped_key_on_the_command_line_is_refused_before_hydra_naming_the_nearest(
+def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_one_line(
         monkeypatch, tmp_path, main, argv, message) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["transformer-command", *argv])
@@ -100,7 +107,8 @@ def test_a_mistyped_key_on_the_command_line_is_refused_before_hydra_naming_the_n
 def test_the_keys_hydra_and_the_config_groups_own_pass_the_command_line_check() -> None:
     argv = ["-m", "--cfg", "job", "model=small", "experiment=multi30k_cpu", "debug=cpu_tiny", "+experiment=glove",
             "~eval.beam_size", "hydra.run.dir=x", "hydra/launcher=basic", "model.glove.path=g.txt",
-            "training.lr=1e-3,2e-3", "data.tokenizer.vocab_size=8000", "resume=auto", "eval@x=y"]
+            "training.lr=1e-3,2e-3", "data.tokenizer.vocab_size=8000", "resume=auto", "eval@x=y",
+            "model.d_model=${model.d_ff}", "model.norm=pre", "training.max_steps=null", "model.dropout=0"]
     cli.schemas.refuse_unknown_overrides(TrainConfig, argv, ["model", "experiment", "debug", "data", "eval"])
 
 

@@ -1,5 +1,5 @@
 """What a command checks and arranges from its command line before Hydra composes the config and writes the run
-folder: a key the command's schema lacks, a ``hydra.run.dir`` (or sweep folder) holding another run's work, the
+folder: a key the command's schema lacks or a value of the wrong type, a ``hydra.run.dir`` (or sweep folder) holding another run's work, the
 settings of a helper rank under torchrun, and a full disk under Hydra's ``.hydra/`` snapshot. Each refusal is one
 line and leaves every folder as it was."""
 
@@ -31,8 +31,8 @@ def overrides_given(overrides: list[str]) -> dict[str, Any]:
 
 def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> None:
     """Exit naming the nearest setting when a ``key=value`` of ``argv`` names none of ``schema`` (nor a config group
-    that the command's ``root_config`` YAML chooses from): Hydra would answer with a paragraph that advises adding
-    the key with ``+``."""
+    that the command's ``root_config`` YAML chooses from), or naming the type when its value cannot be one: Hydra
+    would answer with a paragraph (for a key, one that advises adding it with ``+``)."""
     elsewhere = ("-sc", "--shell-completion", "-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name",
                  "hydra.searchpath", "+hydra.searchpath", "++hydra.searchpath")
     if any(arg.split("=")[0] in elsewhere for arg in argv):

@@ -212,7 +212,7 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
     """Before Hydra composes: refuse a ``key=value`` (or ``+key=value``) argument whose key names no setting of
     ``schema`` (or of its config ``groups``: ``experiment=...``), naming the nearest one. Hydra itself would say only
     that the key is not in the struct and suggest adding it with ``+key=value``, which ``refuse_unknown_keys`` refuses
-    in turn, after composing."""
+    in turn, after composing. A value that cannot become its setting's type is refused here too, in one line."""
     for arg in argv:
         key = arg.partition("=")[0].lstrip("+")  # +key=value adds a key: one the schema has, or it is refused later
         if "=" not in arg or arg.startswith(("-", "~")) or key.startswith("hydra.") or not all(
@@ -233,8 +233,32 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
             if typing.get_origin(kind) is typing.Union:  # Optional[SomeConfig]
                 kind = next((option for option in typing.get_args(kind) if option is not type(None)), kind)
             if not dataclasses.is_dataclass(kind):
-                break  # a value (its type Hydra checks) or a mapping, whose keys are free
+                if depth == key.count("."):
+                    _refuse_a_mistyped_value(node, part, arg, f"{prefix}{part}")
+                break  # a mapping, whose keys are free
             node, prefix = kind, f"{prefix}{part}."
+
+
+def _refuse_a_mistyped_value(node: type, name: str, arg: str, key: str) -> None:
+    """Raise ``ConfigError`` in one line when the value of the override ``arg`` cannot become the type of ``node``'s
+    field ``name`` (``model.d_model=abc``, ``model.norm=middle``): Hydra says so in a paragraph, after composing.
+    Sweeps (``a,b``), interpolations and what Hydra cannot parse are left to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    try:
+        (override,) = OverridesParser.create().parse_overrides([arg])
+    except HydraException:
+        return
+    if override.is_sweep_override():
+        return
+    fields = OmegaConf.structured(node)
+    try:
+        fields[name] = override.value()
+    except ValidationError as error:
+        raise ConfigError(f"{key}={override.get_value_element_as_str()}: {str(error).splitlines()[0]}") from None
 
 
 def register_configs() -> None:

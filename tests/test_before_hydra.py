@@ -84,3 +84,21 @@ def test_a_resume_without_hydra_run_dir_runs_in_the_resumed_runs_folder(tmp_path
     for argv in ([f"resume={run}", f"hydra.run.dir={tmp_path / 'elsewhere'}"], ["resume=auto"], [],
                  [f"resume={tmp_path / 'nothing'}"], ["-m", f"resume={run}"]):
         assert before_hydra.resume_in_its_run_dir(argv) == []
+
+
+def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as refused:
+        before_hydra.refuse_a_taken_run_dir("evaluate", [f"hydra.run.dir={tmp_path / 'afile' / 'eval'}"])
+    assert refused.value.code == (f"hydra.run.dir: {tmp_path / 'afile'} is a file, not a folder (on the way to "
+                                  f"{tmp_path / 'afile' / 'eval'}); name another folder")
+    (tmp_path / "locked").mkdir()
+    real_access = before_hydra.os.access  # a folder without write permission (the tests may run as root, who has it)
+    monkeypatch.setattr(before_hydra.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
+        path, mode))
+    with pytest.raises(SystemExit) as refused:
+        before_hydra.refuse_a_taken_run_dir("train", [f"hydra.run.dir={tmp_path / 'locked' / 'new' / 'run'}"])
+    assert refused.value.code == (f"hydra.run.dir: cannot make {tmp_path / 'locked' / 'new' / 'run'}: "
+                                  f"{tmp_path / 'locked'} is not writable (permission denied); name another folder")
+    before_hydra.refuse_a_taken_run_dir("train", [f"hydra.run.dir={tmp_path / 'free' / 'run'}"])  # may be made
+    assert list(tmp_path.iterdir()) and not (tmp_path / "free").exists()  # nothing made by the check

@@ -29,13 +29,32 @@ def test_config_path_is_the_repository_configs_folder() -> None:
 def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited) -> None:
     # A script's background job inherits SIGINT ignored; the commands restore Python's KeyboardInterrupt. A command
     # started with SIGINT's default (not Python's handler: here, a deliberate choice) keeps it.
-    before = signal.signal(signal.SIGINT, inherited)
+    before, before_term = signal.signal(signal.SIGINT, inherited), signal.getsignal(signal.SIGTERM)
     try:
         cli._setup()
         expected = signal.default_int_handler if inherited is signal.SIG_IGN else inherited
         assert signal.getsignal(signal.SIGINT) is expected
+        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler  # a kill stops as Ctrl-C does
     finally:
         signal.signal(signal.SIGINT, before)
+        signal.signal(signal.SIGTERM, before_term)
+
+
+@pytest.mark.parametrize("error, message, code", [
+    (KeyboardInterrupt(), "interrupted; what this command writes is written whole or not at all", 130),
+    (KeyboardInterrupt("interrupted at step 7; saved last.pt"), "interrupted at step 7; saved last.pt", 130),
+    (PermissionError(13, "Permission denied", "/out/.hyp.txt.x1y2.tmp"), "cannot write in /out: permission denied", 1),
+    (PermissionError(13, "Permission denied", "/out/run"), "/out/run: permission denied", 1),
+    (FileExistsError(17, "File exists", "/out/run"), "/out/run: a file is there, where a folder should be made", 1),
+])
+def test_an_interrupt_or_a_path_that_cannot_be_written_is_one_line(compose_config, caplog, error, message,
+                                                                   code) -> None:
+    def command(cfg: TrainConfig) -> None:
+        raise error
+
+    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
+        cli._run(command, compose_config("train", RUN))
+    assert exit_info.value.code == code and [r.getMessage() for r in caplog.records] == [message]
 
 
 def test_the_command_gets_the_typed_config_and_its_result_is_returned(compose_config) -> None:

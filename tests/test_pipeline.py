@@ -167,7 +167,7 @@ def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
     assert lines[0].split() == ["a", "b", "c"]
 
 
-def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained_run, tmp_path):
+def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained_run, tmp_path, monkeypatch):
     """Only newlines end lines (a form feed or U+2028 inside one does not), CRLF counts once, and bad UTF-8 or an
     output path that cannot be written is refused, by key and line, before any translating."""
     run_dir, _ = trained_run
@@ -198,6 +198,13 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     with pytest.raises(ConfigError, match=r"^output: .*in\.txt is the input file"):  # the same file, named otherwise
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / '.' / 'in.txt'}")))
     assert source.read_text(encoding="utf-8") == "a b\n"
+    (tmp_path / "locked").mkdir()  # a folder without write permission (the tests may run as root, who has it)
+    real_access = os.access
+    monkeypatch.setattr(pipeline.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
+        path, mode))
+    monkeypatch.setattr(pipeline, "translate_texts", lambda *args, **kwargs: pytest.fail("decoded before refusing"))
+    with pytest.raises(ConfigError, match=r"^output: cannot write in .*locked \(permission denied\)"):
+        pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / 'locked' / 'o'}")))
 
 
 def test_a_run_records_its_corpus_folder_absolute_so_it_is_found_from_anywhere(compose_config, toy_corpus, tmp_path,

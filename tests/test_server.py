@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -283,7 +284,8 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
         assert "the export's source checkpoint" in refused.json()["error"]
 
 
-def test_the_command_serves_until_interrupted_and_names_the_port_it_chose(run_dir, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_the_command_serves_until_stopped_and_names_the_port_it_chose(run_dir, tmp_path, stop):
     process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", f"run_dir={run_dir}", "port=0",
                                 "eval=greedy", "device=cpu"], cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
@@ -298,10 +300,13 @@ def test_the_command_serves_until_interrupted_and_names_the_port_it_chose(run_di
         assert httpx.get(f"{url}/health").status_code == 200  # the line comes once the server listens
         answer = httpx.post(f"{url}/translate", json={"text": sentences(run_dir)[0]}).json()
         assert answer["translations"][0][0]["text"] == expected(run_dir, sentences(run_dir)[:1], beam_size=1)[0][0][0]
+        process.send_signal(stop)  # Ctrl-C, or a service manager's stop: the normal end, not an error
+        rest = process.communicate(timeout=30)[0]
     finally:
-        process.terminate()
+        process.kill()
         process.wait(timeout=30)
-    assert process.returncode is not None
+    assert process.returncode == 0, rest
+    assert rest.rstrip().endswith("transformer.app.server: stopped") and "ERROR" not in rest, rest
 
 
 def test_serve_config_refuses_what_cannot_be_served():

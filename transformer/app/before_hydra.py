@@ -79,11 +79,13 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
         return
     if "-m" in argv or "--multirun" in argv or str(given.get("hydra.mode", "")).upper() == "MULTIRUN":
         if given.get("hydra.sweep.dir") is not None:  # else each sweep makes a folder of its own
+            refuse_an_unwritable_folder("hydra.sweep.dir", Path(str(given["hydra.sweep.dir"])))
             _refuse_a_taken_sweep_dir(command, Path(str(given["hydra.sweep.dir"])))
         return
     if given.get("hydra.run.dir") is None:
         return
     folder = Path(str(given["hydra.run.dir"]))
+    refuse_an_unwritable_folder("hydra.run.dir", folder)
     resume = given.get("resume")
     resumes_it = resume == "auto" or (resume is not None and folder.resolve() in
                                       (Path(str(resume)).resolve(), *Path(str(resume)).resolve().parents))
@@ -95,6 +97,18 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     if command == "evaluate" and taken and given.get("overwrite") is not True:
         sys.exit(f"hydra.run.dir: {folder} already holds {', '.join(taken)} (a training run's or an earlier "
                  "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
+
+
+def refuse_an_unwritable_folder(key: str, folder: Path) -> None:
+    """Exit in one line when ``folder`` (to be made if missing) cannot be: a file in its place or on its path, or
+    its nearest existing folder not writable. Python would answer later, with a traceback."""
+    existing = next(path for path in (folder, *folder.parents) if path.exists())  # "." or "/" at the latest
+    if not existing.is_dir():
+        on_the_way = "" if existing == folder else f" (on the way to {folder})"
+        sys.exit(f"{key}: {existing} is a file, not a folder{on_the_way}; name another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = f"{folder} is not writable" if existing == folder else f"cannot make {folder}: {existing} is not writable"
+        sys.exit(f"{key}: {what} (permission denied); name another folder")
 
 
 def _refuse_a_taken_sweep_dir(command: str, folder: Path) -> None:

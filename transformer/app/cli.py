@@ -71,16 +71,36 @@ def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
         log.error("%s", _one_line(error))  # to the console and, for runs with a directory, to its log file
         _forget_refused_run()
         sys.exit(1)
-    except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say)
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say), a folder
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # not writable, a file where a folder should be
+            logging.raiseExceptions = False  # the run's log file may be on the full disk: its handler fails quietly
+            log.error("no space left on device (ENOSPC) while writing %s; free space and run the command again",
+                      error.filename or "a file")
+        elif error.errno in _PATH_ERRORS and error.filename:
+            log.error("%s", _path_error_line(error))
+        else:
             raise
-        logging.raiseExceptions = False  # the run's log file may be on the full disk: its handler fails quietly
-        log.error("no space left on device (ENOSPC) while writing %s; free space and run the command again",
-                  error.filename or "a file")
+        _forget_refused_run()
         sys.exit(1)
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
-        log.error("%s", interrupt or "interrupted")
+        log.error("%s", str(interrupt) or "interrupted; what this command writes is written whole or not at all")
         sys.exit(130)
+
+
+# errors of a path that the user names: a folder not writable or not there, a file where a folder should be
+_PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
+
+
+def _path_error_line(error: OSError) -> str:
+    """One line naming the path of a failed file operation and why; the folder for a file or folder written in it
+    under a temporary name (``.NAME.*``, see ``transformer.files``) before taking its own."""
+    path = Path(str(error.filename))
+    reason = {errno.EEXIST: "a file is there, where a folder should be made",
+              errno.ENOTDIR: "a part of this path is a file, not a folder"}.get(error.errno or 0)
+    reason = reason or (error.strerror or str(error)).lower()
+    if path.name.startswith("."):
+        return f"cannot write in {path.parent}: {reason}"
+    return f"{path}: {reason}"
 
 
 def _one_line(error: BaseException) -> str:
@@ -301,6 +321,7 @@ def _setup(schema: type | None = None, command: str = "") -> None:
     before_hydra.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop by kill or a scheduler: as Ctrl-C
 
 
 def train_main() -> None:
@@ -361,6 +382,10 @@ def average_main() -> None:
         pipeline.average(sys.argv[2:], sys.argv[1])
     except _user_errors() as error:
         sys.exit(f"transformer-average: {error}")
+    except OSError as error:
+        if error.errno not in _PATH_ERRORS or not error.filename:
+            raise
+        sys.exit(f"transformer-average: {_path_error_line(error)}")
 
 
 def recipe_main() -> None:
@@ -374,6 +399,9 @@ def recipe_main() -> None:
     args = parser.parse_intermixed_args()
     if args.out_dir is None:  # optional to argparse, which would otherwise call the overrides required too
         parser.error("give a recipe and its folder, e.g. transformer-recipe ensemble outputs/ensemble")
+    if args.parallel is not None and args.parallel < 1:
+        parser.error(f"--parallel: runs at once must be >= 1, got {args.parallel}")
+    before_hydra.refuse_an_unwritable_folder("OUT_DIR", Path(args.out_dir))
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     # Ctrl-C, and SIGTERM alike, end the recipe as KeyboardInterrupt wherever it is (MPS is stopped on the way out);
     # while runs train, the recipe passes them on instead (transformer.app.runs). Also when started in a script's
@@ -394,7 +422,7 @@ def recipe_main() -> None:
             else:
                 recipes.diversified(options, plan)
     except KeyboardInterrupt as interrupted:  # RecipeInterrupted, or an interrupt outside the runs' training
-        log.error("%s", interrupted or "interrupted: run the recipe again, with the same overrides, to resume")
+        log.error("%s", str(interrupted) or "interrupted: run the recipe again, with the same overrides, to resume")
         sys.exit(130)
     except (RunFailed, *_user_errors()) as error:
         log.error("%s", error)

@@ -410,6 +410,8 @@ def _check_output_file(path: str, input_path: str | None, overwrite: bool) -> No
         raise ConfigError(f"output: {path} exists; choose a new file, or overwrite=true to replace it")
     if not target.parent.is_dir():
         raise ConfigError(f"output: the directory {target.parent} does not exist; create it or choose another file")
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"output: cannot write in {target.parent} (permission denied); choose another file")
 
 
 def _read_input(path: str | None) -> list[str]:

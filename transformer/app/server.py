@@ -431,6 +431,11 @@ def serve(cfg: ServeConfig) -> None:
                          model.info["backend"], host, port)
 
     server = Server(uvicorn.Config(create_app(model, cfg), host=cfg.host, port=cfg.port, log_level="info"))
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C or SIGTERM, then raises the signal again
+        if not server.started:
+            raise
     if not server.started:  # uvicorn said why (a port in use, say)
         sys.exit(1)
+    log.info("stopped")

@@ -261,6 +261,13 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
             either.translate(["a b"], beam_size="4")
         with pytest.raises(ConfigError, match=r"^n_best: 3 translations need beam_size >= 3, got 2$"):
             either.translate(["a b"], beam_size=2, n_best=3)
+        with pytest.raises(ConfigError, match=r"^beam_size: must be >= 1, got 0$"):
+            either.translate(["a b"], beam_size=0)
+        with pytest.raises(ValueError, match=r"^sentences\[1\]: not valid Unicode text \(surrogates not allowed at "
+                                             r"character 2\)$"):
+            either.translate(["a b", "a \ud800"])
+        assert either.translate(s for s in ("a b", "c")) == either.translate(["a b", "c"])  # any iterable, read once
+        assert len(either.translate(iter(["a b", "c"]))) == 2
     with pytest.raises(ConfigError, match="backend: ctranslate2 runs an export; make one with transformer-export"):
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):

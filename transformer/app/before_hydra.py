@@ -107,7 +107,8 @@ def refuse_an_unwritable_folder(key: str, folder: Path) -> None:
         on_the_way = "" if existing == folder else f" (on the way to {folder})"
         sys.exit(f"{key}: {existing} is a file, not a folder{on_the_way}; name another folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        what = f"{folder} is not writable" if existing == folder else f"cannot make {folder}: {existing} is not writable"
+        what = f"{folder} is not writable" if existing == folder else (
+            f"cannot make {folder}: {existing} is not writable")
         sys.exit(f"{key}: {what} (permission denied); name another folder")
 
 

@@ -27,7 +27,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -133,12 +133,12 @@ class Translator:
         return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), data, languages,
                    path, ct2=ct2, device=str(device))
 
-    def translate(self, sentences: list[str], beam_size: int | None = None,
+    def translate(self, sentences: Iterable[str], beam_size: int | None = None,
                   n_best: int | None = None) -> list[list[str]]:
         """``n_best`` translations of each sentence, best first (a blank sentence gives empty strings)."""
         return [[t.text for t in nbest] for nbest in self.translate_scored(sentences, beam_size, n_best)]
 
-    def translate_scored(self, sentences: list[str], beam_size: int | None = None,
+    def translate_scored(self, sentences: Iterable[str], beam_size: int | None = None,
                          n_best: int | None = None) -> list[list[Translation]]:
         """``n_best`` :class:`Translation` s of each sentence, best first (a blank sentence: empty, score 0).
 
@@ -147,12 +147,21 @@ class Translator:
         if isinstance(sentences, str):  # a string is a sequence too: each character would be a sentence
             raise TypeError(f"sentences: a list of sentences, got one string {sentences[:40]!r}; "
                             "translate([sentence]) translates one")
+        sentences = list(sentences)  # a generator or any other iterable, read once
         if (bad := next((i for i, s in enumerate(sentences) if not isinstance(s, str)), None)) is not None:
             raise TypeError(f"sentences[{bad}]: must be a string, got {type(sentences[bad]).__name__}")
+        for i, sentence in enumerate(sentences):
+            try:
+                sentence.encode("utf-8")
+            except UnicodeEncodeError as error:  # a lone surrogate, e.g. from bytes decoded with surrogateescape
+                raise ValueError(f"sentences[{i}]: not valid Unicode text ({error.reason} at character "
+                                 f"{error.start})") from None
         given = {k: v for k, v in (("beam_size", beam_size), ("n_best", n_best)) if v is not None}
         for key, value in given.items():
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{key}: must be an integer, got {value!r}")
+            if value < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {value}")
         cfg = {**asdict(self.eval), **given}
         if cfg["n_best"] > cfg["beam_size"]:
             raise ConfigError(f"n_best: {cfg['n_best']} translations need beam_size >= {cfg['n_best']}, "

@@ -301,6 +301,25 @@ def test_a_damaged_export_or_a_missing_ctranslate2_is_refused_in_one_line(one_ru
     assert completed.returncode == 1 and "Traceback" not in completed.stderr, completed.stderr
     assert "export.json is not valid JSON" in completed.stdout + completed.stderr
     (out / "export.json").write_text(json.dumps(record))
+    assert sorted(record["files"]) == sorted(p.name for p in out.iterdir() if p.name != "export.json")
+    model_bin = (out / "model.bin").read_bytes()
+    flipped = len(model_bin) // 2  # a flip inside the weights: CTranslate2 would load it and decode NaN scores
+    (out / "model.bin").write_bytes(model_bin[:flipped] + bytes([model_bin[flipped] ^ 0xFF]) + model_bin[flipped + 1:])
+    with pytest.raises(ConfigError, match=r"^export_dir: .*model\.bin is damaged: its bytes are not those exported"):
+        Translator.load(out)
+    (out / "model.bin").write_bytes(model_bin)
+    target = out / record["target_tokenizer"]["path"]
+    tokenizer = target.read_bytes()
+    target.unlink()
+    with pytest.raises(ConfigError, match=rf"^export_dir: .*{target.name} is missing; export the model again$"):
+        Translator.load(out)
+    target.write_bytes(b"\xff: neither a SentencePiece model nor UTF-8 text")
+    (out / "export.json").write_text(json.dumps({key: value for key, value in record.items() if key != "files"}))
+    with pytest.raises(ConfigError, match=rf"^export_dir: .*{target.name} is not a readable tokenizer"):
+        Translator.load(out)  # an export of format 2 records no digests: the tokenizer's own parse fails, in a line
+    target.write_bytes(tokenizer)
+    (out / "export.json").write_text(json.dumps(record))
+    assert Translator.load(out).translate(["a b"])
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a, **k: None if name == "ctranslate2" else real_find_spec(name, *a, **k))

@@ -64,6 +64,21 @@ def read_export_record(folder: str | Path) -> dict[str, Any]:
     return record
 
 
+def check_export_files(folder: str | Path, record: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming a file of the export that is missing, or whose bytes differ from the
+    SHA-256 that ``export.json`` recorded (exports of format 3 on; earlier ones record none)."""
+    recorded = record.get("files", {})
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"export_dir: {Path(folder) / EXPORT_FILE}: files must be an object; export the model again")
+    for name, digest in recorded.items():
+        path = Path(folder) / name
+        if not path.is_file():
+            raise ConfigError(f"export_dir: {path} is missing; export the model again")
+        if files.sha256(path) != digest:
+            raise ConfigError(f"export_dir: {path} is damaged: its bytes are not those exported (SHA-256 differs "
+                              f"from {EXPORT_FILE}'s); export the model again")
+
+
 def check_exportable(trained: TrainedModel) -> None:
     """Refuse, naming the key, what CTranslate2 cannot run exactly."""
     if trained.ensemble_paths:
@@ -195,7 +210,8 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
         tokenizers = {side: _save_tokenizer(tok, tmp, side) for side, tok in
                       (("source", trained.src_tok), ("target", trained.tgt_tok))}
         files.write_json(tmp / EXPORT_FILE, {
-            "format": 2,  # 2: the whole data config (1: its languages only)
+            "format": 3,  # 3: the files' SHA-256; 2: the whole data config (1: its languages only)
+            "files": {path.name: files.sha256(path) for path in sorted(tmp.iterdir())},
             "source_checkpoint": {"path": str(trained.path.resolve()), "sha256": files.sha256(trained.path)},
             "model": to_plain_dict(trained.config.model),
             "data": to_plain_dict(trained.config.data),  # the languages, and the corpus to evaluate on

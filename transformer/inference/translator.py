@@ -33,7 +33,7 @@ import torch
 
 from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, from_plain_dict
 from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
-from transformer.inference.export import EXPORT_FILE, read_export_record
+from transformer.inference.export import EXPORT_FILE, check_export_files, read_export_record
 from transformer.inference.loading import TrainedModel, load_model
 from transformer.inference.search import length_penalty
 from transformer.inference.translation import encode_sources, translate_scored
@@ -108,6 +108,7 @@ class Translator:
         import ctranslate2
 
         info = read_export_record(path)
+        check_export_files(path, info)
         src_tok, tgt_tok = (_tokenizer(path, info[key]) for key in ("source_tokenizer", "target_tokenizer"))
         if eval_cfg is None:
             decoding = dict(info.get("decoding", {}))
@@ -223,6 +224,12 @@ class Translator:
 def _tokenizer(folder: Path, entry: dict[str, Any]) -> Tokenizer:
     """A tokenizer as ``export.json`` records it."""
     path = folder / entry["path"]
-    if entry["kind"] == "sentencepiece":
-        return SentencePieceTokenizer(path.read_bytes())
-    return WordTokenizer(path.read_text(encoding="utf-8").splitlines(), lowercase=bool(entry.get("lowercase")))
+    try:
+        if entry["kind"] == "sentencepiece":
+            return SentencePieceTokenizer(path.read_bytes())
+        return WordTokenizer(path.read_text(encoding="utf-8").splitlines(), lowercase=bool(entry.get("lowercase")))
+    except FileNotFoundError:
+        raise ConfigError(f"export_dir: {path} is missing; export the model again") from None
+    except (RuntimeError, UnicodeDecodeError) as error:  # SentencePiece cannot parse it; not UTF-8
+        raise ConfigError(f"export_dir: {path} is not a readable tokenizer ({str(error).splitlines()[0]}); "
+                          "export the model again") from None

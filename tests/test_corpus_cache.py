@@ -299,6 +299,19 @@ def test_a_corpus_that_cleaning_empties_names_the_key_that_dropped_it(tmp_path):
     assert not list((tmp_path / "cache" / "corpus").glob("*/*.npy"))
 
 
+@pytest.mark.parametrize("kind", list(TokenizerKind))
+def test_a_corpus_of_blank_lines_is_refused_as_such_by_either_tokenizer(tmp_path, kind):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.xx").write_text("\n" * 30, encoding="utf-8")
+    (folder / "train.yy").write_text(" \n" * 30, encoding="utf-8")
+    # SentencePiece learnt from nothing would stop with "INTERNAL: ... [!sentences_.empty()]"
+    with pytest.raises((DataError, ConfigError), match=r"(are blank|cleaning dropped every training pair).*are the "
+                                                       r"files empty or blank\?$"):
+        load_or_build(_cfg(tmp_path, kind))
+    assert not list((tmp_path / "cache").glob("*/*/*.npy")) and not list((tmp_path / "cache").glob("*/*/*.model"))
+
+
 # --------------------------------------------------------------------------------------------------
 # Tokenizer training text
 # --------------------------------------------------------------------------------------------------

@@ -227,6 +227,10 @@ def cached_tokenizers(cfg: DataConfig, src_path: Path, tgt_path: Path,
         log.info("tokenizers: cache hit in %s", folder)
         return (*load_tokenizers(folder), meta["n_pairs"])
     src_text, tgt_text, n_pairs = _sample_training_text(cfg, src_path, tgt_path, progress)
+    for path, text in ((src_path, src_text), (tgt_path, tgt_text)):
+        if not any(text):  # SentencePiece would stop with an internal error
+            lines = f"all {len(text)} lines" if n_pairs <= len(text) else f"the {len(text)} lines sampled of {n_pairs}"
+            raise DataError(f"{path}: {lines} are blank, so no tokenizer can be learnt; are the files empty or blank?")
     bar = ProgressBar(1, enabled=progress, desc=f"training {cfg.tokenizer.kind.value} tokenizer")
     log.info("training the tokenizers on %d + %d sentences (of %d pairs)", len(src_text), len(tgt_text), n_pairs)
     src_tok, tgt_tok = build_tokenizers(cfg.tokenizer, src_text, tgt_text)

@@ -134,7 +134,10 @@ BAD = [
     (b'{"text": ["a b", "c \\ud800"]}', 422, "text[1]",  # a JSON escape of half a surrogate pair
      r"text\[1\]: holds an unpaired surrogate '\\ud800' at character 2: not valid Unicode"),
     (b'{"text": "a b", "beam_size": "4"}', 422, "beam_size", "beam_size: must be an integer, got a string"),
+    (b'{"text": "a b", "beam_size": 2.5}', 422, "beam_size", r"beam_size: must be an integer, got 2\.5"),
     (b'{"text": "a b", "beam_size": 0}', 422, "beam_size", r"beam_size: must be in 1\.\.64, got 0"),
+    (b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "body",
+     "body: nests lists or objects deeper than the server reads"),
     (b'{"text": "a b", "n_best": 5}', 422, "n_best", "n_best: 5 translations need beam_size >= 5, got 3"),
     (b'{"text": "a b", "beams": 2}', 422, "beams", "beams: is not a field of this request"),
     (json.dumps({"text": ["a"] * 65}).encode(), 413, "text", "text: 65 sentences; a request takes at most 64"),
@@ -153,6 +156,28 @@ def test_a_bad_request_is_refused_naming_the_field_and_the_server_goes_on(served
     assert response.json()["field"] == field
     assert re.match(message, response.json()["error"])
     assert httpx.post(f"{url}/translate", json={"text": "a b c"}).status_code == 200
+
+
+def test_a_whole_number_written_as_4_0_is_the_integer_4_and_health_answers_head(served):
+    url, _ = served
+    as_float = httpx.post(f"{url}/translate", content=b'{"text": "a b c", "beam_size": 2.0, "n_best": 2.0}')
+    as_int = httpx.post(f"{url}/translate", json={"text": "a b c", "beam_size": 2, "n_best": 2})
+    assert as_float.status_code == 200 and as_float.json() == as_int.json()
+    head = httpx.head(f"{url}/health")  # what load balancers and uptime checks send
+    assert head.status_code == 200 and head.content == b""
+
+
+def test_a_client_that_leaves_mid_body_is_no_failure_of_the_server(served, caplog):
+    import socket
+
+    url, _ = served
+    host, port = url.removeprefix("http://").split(":")
+    with caplog.at_level("ERROR"):
+        with socket.create_connection((host, int(port))) as client:  # 1,000 bytes announced, 10 sent
+            client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 1000\r\n\r\n{\"text\": \"a")
+        assert httpx.post(f"{url}/translate", json={"text": "a b c"}).status_code == 200
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
 
 
 def _until(condition, seconds: float = 20) -> None:

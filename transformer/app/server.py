@@ -42,6 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from transformer import files
 from transformer.app.batcher import Batcher
@@ -79,10 +80,13 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, "body", f"{declared} bytes; a request takes at most {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, "body", f"more than {limit} bytes; a request takes at most {limit}")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, "body", f"more than {limit} bytes; a request takes at most {limit}")
+    except ClientDisconnect:  # nobody is left to answer: a refusal, not a failure of the server (no traceback)
+        raise RequestError(400, "body", "the client left before sending all of it") from None
     return bytes(body)
 
 
@@ -97,6 +101,8 @@ def parse_body(body: bytes) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise RequestError(400, "body", f"is not valid JSON: {error.msg} (line {error.lineno} column "
                                         f"{error.colno})") from None
+    except RecursionError:  # [[[[... thousands deep
+        raise RequestError(400, "body", "nests lists or objects deeper than the server reads") from None
     if not isinstance(value, dict):
         raise RequestError(422, "body", f"must be a JSON object, got {_json_type(value)}")
     return value
@@ -140,8 +146,11 @@ def _int_field(request: dict[str, Any], name: str, low: int, high: int) -> int |
     value = request.get(name)
     if value is None:
         return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has numbers only: 4.0 is 4
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(422, name, f"must be an integer, got {_json_type(value)}")
+        got = value if isinstance(value, float) else _json_type(value)
+        raise RequestError(422, name, f"must be an integer, got {got}")
     if not low <= value <= high:
         raise RequestError(422, name, f"must be in {low}..{high}, got {value}")
     return value
@@ -341,7 +350,7 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         body = parse_body(await read_body(request))
         return await unless_client_leaves(request, service.attention(body))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> JSONResponse:
         if not service.batcher.running:
             return JSONResponse({"status": "the decoder stopped"}, status_code=503)

@@ -78,6 +78,17 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
     assert sorted(profiled) == sorted(searches)
 
 
+def test_a_checkpoint_that_cannot_be_loaded_is_refused_before_any_timing(compose_config, tmp_path, monkeypatch):
+    from transformer.checkpoint import CheckpointError
+
+    monkeypatch.setattr(benchmark, "benchmark_training", lambda *args: pytest.fail("timed before checking"))
+    (tmp_path / "empty.pt").write_bytes(b"")
+    cfg = compose_config("benchmark", [f"checkpoint={tmp_path / 'empty.pt'}", f"output_dir={tmp_path / 'out'}",
+                                       "device=cpu"])
+    with pytest.raises(CheckpointError, match="empty.pt"):
+        benchmark.run(OmegaConf.to_object(cfg))
+
+
 def test_datasheet_peaks_match_the_most_specific_name():
     assert benchmark.datasheet_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert benchmark.datasheet_flops("NVIDIA H100 PCIe") == 756e12

@@ -42,7 +42,7 @@ from transformer.app.schemas import BenchmarkConfig
 from transformer.config import ModelConfig, TrainConfig, to_plain_dict
 from transformer.data.batching import TokenBucketSampler, prefetched
 from transformer.data.splits import load_split
-from transformer.inference.loading import load_trained
+from transformer.inference.loading import TrainedModel, load_trained
 from transformer.inference.translation import translate
 from transformer.model.transformer import build_model
 from transformer.runtime import choose_device, configure_threads, resolve_training, seed_everything
@@ -246,11 +246,12 @@ def _profiled(work: Callable[[], Any], device: torch.device, what: str, units: i
     return summary, [events.table(sort_by=key, row_limit=30, max_name_column_width=70) for key in sort_keys]
 
 
-def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path) -> list[dict[str, Any]]:
-    """Sentences/s and tokens/s on the test split: greedy and beam, each with and without the KV cache."""
-    if cfg.checkpoint is not None:
-        trained = load_trained(cfg.checkpoint, device)
-        model, src_tok, tgt_tok, data = trained.model, trained.src_tok, trained.tgt_tok, trained.config.data
+def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path,
+                       trained: TrainedModel | None = None) -> list[dict[str, Any]]:
+    """Sentences/s and tokens/s on the test split: greedy and beam, each with and without the KV cache; with the
+    ``trained`` model (``cfg.checkpoint`` loaded), else a random one of ``cfg.model``."""
+    if trained is not None:
+        model, src_tok, tgt_tok, data = trained.model.to(device), trained.src_tok, trained.tgt_tok, trained.config.data
     else:
         train_cfg = TrainConfig(data=cfg.data, model=cfg.model, output_dir=str(work_dir))
         dist = DistContext(rank=0, world_size=1, local_rank=0, device=device, is_main=True)
@@ -301,10 +302,12 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     configure_threads(cfg.training.threads)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # checked before minutes of timing: a missing or damaged checkpoint is refused at once
+    trained = load_trained(cfg.checkpoint, torch.device("cpu")) if cfg.checkpoint is not None else None
     with tempfile.TemporaryDirectory() as scratch:
         speed = benchmark_training(cfg, device, Path(scratch))
         peak = matmul_peak(device, cfg.matmul_size)
-        decoding = benchmark_decoding(cfg, device, Path(scratch))
+        decoding = benchmark_decoding(cfg, device, Path(scratch), trained)
     result = {
         "device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -68,6 +68,13 @@ def test_load_errors_name_the_file(tmp_path):
     torn.write_bytes(good.read_bytes()[:200])
     with pytest.raises(CheckpointError, match="torn.pt.*truncated"):
         load_checkpoint(torn)
+    run = tmp_path / "run" / "checkpoints"  # a torn last.pt names the checkpoint to resume from instead
+    run.mkdir(parents=True)
+    save_checkpoint(_state(1.0), run / "step_20.pt")
+    (run / "last.pt").write_bytes(good.read_bytes()[:200])
+    with pytest.raises(CheckpointError, match=rf"truncated .*; resume={run / 'step_20.pt'} continues from an earlier "
+                                              r"step$"):
+        load_checkpoint(run / "last.pt")
     text = tmp_path / "notes.pt"
     text.write_text("hello\nworld")
     with pytest.raises(CheckpointError, match="notes.pt.*not a file torch.save writes: it begins 'hello'$"):
@@ -90,9 +97,13 @@ def test_load_errors_name_the_file(tmp_path):
     torch.save({"version": CHECKPOINT_VERSION + 1}, future)
     with pytest.raises(CheckpointError, match=f"version {CHECKPOINT_VERSION + 1}"):
         load_checkpoint(future)
-    with pytest.raises(CheckpointError, match=r"is a folder, not a checkpoint file: .* or give a run's folder as "
-                                              r"run_dir="):
+    with pytest.raises(CheckpointError, match=rf"is a folder, not a checkpoint file: .* or give a run's folder as "
+                                              rf"run_dir={tmp_path}$"):
         load_checkpoint(tmp_path)  # checkpoint=RUN where run_dir=RUN was meant
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(CheckpointError, match=rf"\(e\.g\. {tmp_path}/checkpoints/final\.pt\), or give a run's folder "
+                                              rf"as run_dir={tmp_path}$"):
+        load_checkpoint(tmp_path / "checkpoints")  # checkpoint=RUN/checkpoints: the same run
 
 
 def test_unsafe_pickles_are_refused(tmp_path):

@@ -152,6 +152,7 @@ def test_a_disk_that_fills_up_mid_run_keeps_the_last_checkpoint_and_resume_gives
     assert full.returncode == 1
     message = [line for line in (full.stdout + full.stderr).splitlines() if "ENOSPC" in line]
     assert len(message) == 1 and "while writing" in message[0] and "free space" in message[0], full.stderr[-2000:]
+    assert message[0].endswith(f"continue the run with resume={run}"), message[0]  # not "run the command again"
     checkpoints = run / "checkpoints"
     assert load_checkpoint(checkpoints / "last.pt")["step"] == 5  # whole, and the newest the run has
     assert not list(checkpoints.glob(".*.tmp")) and not (checkpoints / "step_10.pt").exists()

@@ -223,6 +223,13 @@ def test_resume_names_a_target_that_is_missing_or_outside_a_run(tmp_path):
     with pytest.raises(ConfigError, match=r"^resume: .*copied.pt is not a run directory nor a checkpoint in a run's "
                                           r"checkpoints/ folder"):
         load_for_resume(loose, SAVED)
+    started = RunDir(tmp_path / "started")  # stopped before its first save: .hydra/ and a log, no checkpoint
+    started.checkpoints.mkdir(parents=True)
+    for target in (started.root, started.checkpoints):
+        with pytest.raises(ConfigError, match=rf"^resume: {started.root} holds no checkpoint \(a run stopped before its "
+                                              rf"first save, or not a run's folder\): start the run anew, with its "
+                                              rf"overrides and hydra\.run\.dir={started.root}$"):
+            load_for_resume(target, SAVED)
 
 
 def _history(run: RunDir, steps: list[int], best: int) -> CheckpointManager:

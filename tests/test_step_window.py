@@ -27,11 +27,17 @@ def test_a_read_sums_the_steps_and_keeps_the_last_gradient_norm():
     reading.raise_if_diverged(8, window.first_step, Path("last.pt"))  # finite: nothing happens
 
 
-def test_a_non_finite_step_in_the_window_raises_with_where_it_happened():
+def test_a_non_finite_step_in_the_window_raises_with_where_it_happened(tmp_path):
     window = _window_of([(10.0, 8.0, 0.0, 1.0, 4), (0.0, 0.0, 1.0, float("inf"), 4)])
     reading = window.read(interrupt=False, late=False, save_due=False, world_size=1)
-    with pytest.raises(TrainingDiverged, match=r"step 8: .*1 non-finite step\(s\) since step 7.*last\.pt"):
-        reading.raise_if_diverged(8, window.first_step, Path("last.pt"))
+    last = tmp_path / "last.pt"
+    with pytest.raises(TrainingDiverged, match=r"step 8: .*1 non-finite step\(s\) since step 7.*skipped and no "
+                                               r"checkpoint was written \(none had been yet\); lower training\.lr"):
+        reading.raise_if_diverged(8, window.first_step, last)
+    last.write_bytes(b"a checkpoint")
+    with pytest.raises(TrainingDiverged, match=rf"skipped and the last good checkpoint \({last}\) was not "
+                                               r"overwritten; lower training\.lr"):
+        reading.raise_if_diverged(8, window.first_step, last)
 
 
 def test_reset_starts_an_empty_window_after_the_step():

@@ -177,8 +177,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     """
     path = Path(path)
     if path.is_dir():
+        run = path.parent if path.name == "checkpoints" else path
         raise CheckpointError(f"checkpoint {path} is a folder, not a checkpoint file: name a .pt file (e.g. "
-                              f"{path}/checkpoints/final.pt), or give a run's folder as run_dir={path}")
+                              f"{run}/checkpoints/final.pt), or give a run's folder as run_dir={run}")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
@@ -186,7 +187,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
             warnings.simplefilter("ignore")
             state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError/KeyError for torn or foreign files
-        hint = f"; resume={path.parent}/step_N.pt continues from an earlier step" if path.name == LAST_FILE else ""
+        earlier = _earlier_checkpoint(path) if STEP_FILE.match(path.name) or path.name == LAST_FILE else None
+        hint = f"; resume={earlier} continues from an earlier step" if earlier is not None else ""
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): "
                               f"{_load_failure(path, exc)}{hint}") from exc
     if not isinstance(state, dict) or "version" not in state:

@@ -162,7 +162,13 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
     try:
         resumed, run = _start_run(cfg, dist)
         with _log_into(run.log_file if resumed is not None and dist.is_main else None):
-            metrics = _train(cfg, dist, resumed, run, recipe)
+            try:
+                metrics = _train(cfg, dist, resumed, run, recipe)
+            except files.DiskFullError as error:  # the same command again would be refused as a new run there
+                if not any(run.checkpoints.glob("*.pt")):
+                    raise
+                raise files.DiskFullError(error.errno, str(error).replace(
+                    "run the command again", f"continue the run with resume={run.root}")) from None
         dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
         return metrics
     finally:

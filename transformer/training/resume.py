@@ -221,6 +221,9 @@ def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
     if target.is_dir():
         run = RunDir(target.parent if target.name == "checkpoints" and not RunDir(target).checkpoints.is_dir()
                      else target)  # RUN/checkpoints means RUN
+        if not any(run.checkpoints.glob("*.pt")):
+            raise ConfigError(f"resume: {run.root} holds no checkpoint (a run stopped before its first save, or not a "
+                              f"run's folder): start the run anew, with its overrides and hydra.run.dir={run.root}")
         return run, run.last
     if target.parent.name != "checkpoints":
         raise ConfigError(f"resume: {target} is not a run directory nor a checkpoint in a run's checkpoints/ folder "

@@ -40,11 +40,12 @@ class Reading:
         """Raise ``TrainingDiverged`` if a step of the window (``first_step`` to ``step``) had a non-finite loss or
         gradient norm; the trainer skipped those updates and ``last_good`` was not overwritten."""
         if self.nonfinite_steps > 0 or not math.isfinite(self.loss_sum):
+            kept = (f"the last good checkpoint ({last_good}) was not overwritten" if last_good.exists() else
+                    "no checkpoint was written (none had been yet)")
             raise TrainingDiverged(
                 f"step {step}: loss per token {self.loss_sum / max(self.tokens, 1.0)}, gradient norm {self.grad_norm}, "
                 f"{self.nonfinite_steps:.0f} non-finite step(s) since step {first_step}; stopping. Their updates were "
-                f"skipped and the last good checkpoint ({last_good}) was not overwritten; lower training.lr, raise "
-                "training.warmup_steps or set training.clip_grad_norm.")
+                f"skipped and {kept}; lower training.lr, raise training.warmup_steps or set training.clip_grad_norm.")
 
     def log_values(self, seconds: float, lr: float) -> dict[str, float]:
         """The scalars a log line and TensorBoard show for a window that lasted ``seconds``."""

@@ -3,6 +3,7 @@ names, and which weights a finished run keeps."""
 
 from __future__ import annotations
 
+import copy
 import pickle
 from pathlib import Path
 
@@ -229,24 +230,46 @@ def test_a_checkpoint_with_damaged_tensor_bytes_is_refused_naming_an_earlier_one
     _damage(newest, weights[:16], bytes([weights[0] ^ 0x10]) if damage == "flipped" else bytes(16))
     assert torch.load(newest, weights_only=True)["step"] == 20  # torch's zip reader checks no CRC
     for path in (newest, tmp_path / "last.pt"):  # last.pt is the same file
-        with pytest.raises(CheckpointError, match=rf"{path}: corrupt: its tensors do not match the digest .*"
+        with pytest.raises(CheckpointError, match=rf"{path}: corrupt: its contents do not match the digest .*"
                                                   rf"{tmp_path / 'step_10.pt'} is an earlier checkpoint"):
             load_checkpoint(path)
     assert load_checkpoint(tmp_path / "step_10.pt")["step"] == 10
     assert load_checkpoint(newest, verify=False)["step"] == 20  # metadata only, on request
 
 
-def test_the_digest_covers_every_tensor_and_its_place():
-    state = _state(1.0, 3)
-    digest = checkpoint.tensor_digest(state)
-    assert digest.startswith("sha256:") and checkpoint.tensor_digest(_state(1.0, 3)) == digest
-    changed = [_state(1.0, 3) for _ in range(4)]
+def test_the_digest_covers_every_tensor_and_value_and_its_place():
+    state = {**_state(1.0, 3), "config": {"lr": 0.001, "name": "run", "steps": [1, 2], "norm": None}}
+    digest = checkpoint.state_digest(state)
+    assert digest.startswith("sha256-all:") and checkpoint.state_digest(copy.deepcopy(state)) == digest
+    changed = [copy.deepcopy(state) for _ in range(9)]
     changed[0]["model"]["b"][0] = 1.0000001  # a value
     changed[1]["model"]["w"] = changed[1]["model"]["w"].reshape(4)  # a shape
     changed[2]["model"]["w"] = changed[2]["model"]["w"].double()  # a dtype
     changed[3]["model"]["v"] = changed[3]["model"].pop("w")  # a place
-    assert len({digest, *(checkpoint.tensor_digest(s) for s in changed)}) == 5
-    assert checkpoint.tensor_digest({**state, "digest": "anything"}) == digest
+    changed[4]["config"]["lr"] = 0.0011  # a number of the config
+    changed[5]["config"]["name"] = "rum"  # one letter
+    changed[6]["config"]["steps"] = [1.0, 2]  # a type
+    changed[7]["config"]["norm"] = "None"
+    changed[8]["step"] = 4  # a counter
+    assert len({digest, *(checkpoint.state_digest(s) for s in changed)}) == 10
+    assert checkpoint.state_digest({**state, "digest": "anything"}) == digest
+    tensors_only = checkpoint.state_digest(state, checkpoint.TENSORS_ONLY)  # the digest of versions 0.9 to 0.9.3
+    assert tensors_only.startswith("sha256:") and checkpoint.state_digest(changed[4], checkpoint.TENSORS_ONLY) == \
+        tensors_only and checkpoint.state_digest(changed[0], checkpoint.TENSORS_ONLY) != tensors_only
+
+
+def test_a_checkpoint_with_a_damaged_config_byte_is_refused_and_one_of_0_9_3_still_loads(tmp_path):
+    state = {**_state(1.0, 3), "config": {"data": {"corpus": "multi30k"}, "training": {"lr": 0.001}}}
+    save_checkpoint(state, tmp_path / "step_3.pt")
+    # the config's text changed on disk (as one flipped byte in the pickle would): torch loads it without complaint
+    loaded = torch.load(tmp_path / "step_3.pt", weights_only=True)
+    loaded["config"]["data"]["corpus"] = "multi30j"
+    torch.save(loaded, tmp_path / "step_3.pt")
+    with pytest.raises(CheckpointError, match=r"step_3\.pt: corrupt: its contents do not match the digest"):
+        load_checkpoint(tmp_path / "step_3.pt")
+    old = {**state, "version": CHECKPOINT_VERSION}  # written by 0.9.3: a digest of its tensors alone
+    torch.save({**old, "digest": checkpoint.state_digest(old, checkpoint.TENSORS_ONLY)}, tmp_path / "old.pt")
+    assert load_checkpoint(tmp_path / "old.pt")["config"] == state["config"]
 
 
 def test_a_checkpoint_without_a_digest_loads_with_a_warning(tmp_path, caplog):

@@ -16,8 +16,9 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
     time_limit       with ``training.max_minutes``: {"minutes", "step"}, the step at which that limit runs out, as
                      last projected from the pace of training (optional; None before the first projection)
     reason           why it was written ("validation", "interrupt", "final", ...)
-    digest           "sha256:<hex>" of every tensor in the checkpoint (:func:`tensor_digest`), written by
-                     ``save_checkpoint`` and verified by :func:`load_checkpoint` (older checkpoints lack it)
+    digest           "sha256-all:<hex>" of everything else in the checkpoint (:func:`state_digest`), written by
+                     ``save_checkpoint`` and verified by :func:`load_checkpoint` (versions 0.9 to 0.9.3: "sha256:<hex>"
+                     of the tensors alone; older checkpoints lack it)
 
 plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every
 value must be loadable by ``torch.load(weights_only=True)``: tensors, str, int, float, bool, None and
@@ -125,10 +126,14 @@ def check_plain(value: object, key: str = "state") -> None:
     )
 
 
-def tensor_digest(state: object) -> str:
-    """``sha256:<hex>`` over every tensor of ``state`` (nested dicts, lists, tuples), with its place, dtype and shape,
-    in a fixed order; the ``digest`` key itself is left out. torch's zip reader checks no CRC, so this is what
-    catches flipped or zeroed bytes inside a checkpoint."""
+TENSORS_ONLY, WHOLE_STATE = "sha256:", "sha256-all:"  # the digest's scheme, the prefix of its value
+
+
+def state_digest(state: object, scheme: str = WHOLE_STATE) -> str:
+    """``<scheme><hex>``: SHA-256 over every tensor of ``state`` (nested dicts, lists, tuples), with its place,
+    dtype and shape, and with ``WHOLE_STATE`` (checkpoints since version 0.9.4) over every other value too (the
+    config, the tokenizers' words, the counters), in a fixed order; the ``digest`` key itself is left out. torch's
+    zip reader checks no CRC, so this is what catches flipped or zeroed bytes inside a checkpoint."""
     digest = hashlib.sha256()
 
     def walk(value: object, where: str) -> None:
@@ -136,6 +141,9 @@ def tensor_digest(state: object) -> str:
             tensor = value.detach().cpu().contiguous()
             digest.update(f"{where}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
             digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, (str, int, float, bool, type(None))):
+            if scheme == WHOLE_STATE:  # repr: exact for floats, and tells 1 from 1.0 from True from "1"
+                digest.update(f"{where}|{type(value).__name__}|{value!r}|".encode("utf-8", "surrogatepass"))
         elif isinstance(value, dict):
             for key in sorted(value, key=lambda k: (type(k).__name__, k)):
                 if not (where == "" and key == DIGEST_KEY):
@@ -145,7 +153,7 @@ def tensor_digest(state: object) -> str:
                 walk(item, f"{where}[{i}]")
 
     walk(state, "")
-    return f"sha256:{digest.hexdigest()}"
+    return f"{scheme}{digest.hexdigest()}"
 
 
 def _earlier_checkpoint(path: Path) -> Path | None:
@@ -165,7 +173,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     """Read a checkpoint written by :func:`transformer.training.checkpoints.save_checkpoint` with ``torch.load(weights_only=True)`` (``mmap``: its
     tensors mapped from the file, read only when used).
 
-    ``verify`` recomputes the tensors' digest and compares it with the stored one. That reads every tensor: about a
+    ``verify`` recomputes the digest and compares it with the stored one. That reads every tensor: about a
     tenth of a second per 100 MB on this project's CPU, and with ``mmap`` it pages the whole file in; callers that
     read only metadata from a mapped checkpoint pass ``verify=False``. A checkpoint without a digest (written
     before version 0.9) loads with a warning.
@@ -232,11 +240,13 @@ def _verify(path: Path, state: dict) -> None:
     if stored is None:
         log.warning("%s: written before checkpoints carried a digest of their tensors; loaded unverified", path)
         return
-    if tensor_digest(state) != stored:
+    scheme = WHOLE_STATE if str(stored).startswith(WHOLE_STATE) else TENSORS_ONLY  # before 0.9.4: tensors only
+    if state_digest(state, scheme) != stored:
         earlier = _earlier_checkpoint(path)
         way_back = (f"; {earlier} is an earlier checkpoint of the same run (e.g. resume={earlier})" if earlier
                     else "; train again or restore it from a copy")
-        raise CheckpointError(f"{path}: corrupt: its tensors do not match the digest written with them (a damaged "
-                              f"disk or copy){way_back}")
+        what = "its contents do not" if scheme == WHOLE_STATE else "its tensors do not"
+        raise CheckpointError(f"{path}: corrupt: {what} match the digest written with them (a damaged disk or "
+                              f"copy){way_back}")
 
 

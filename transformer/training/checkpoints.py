@@ -22,7 +22,7 @@ from transformer.checkpoint import (
     CheckpointError,
     check_plain,
     load_checkpoint,
-    tensor_digest,
+    state_digest,
 )
 from transformer.files import atomic_write, fsync_directory, link_atomically
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
-    """Write ``state`` (plus ``version`` and the ``digest`` of its tensors) to ``path`` atomically.
+    """Write ``state`` (plus ``version`` and the ``digest`` of all of it) to ``path`` atomically.
 
     The data goes to a temporary file in the same directory, is flushed and fsynced, and then renamed over
     ``path`` with ``os.replace``; a crash at any point leaves either the old file or the new one, never a
@@ -39,7 +39,7 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     path = Path(path)
     state = {**state, "version": CHECKPOINT_VERSION}
     check_plain(state)
-    state[DIGEST_KEY] = tensor_digest(state)
+    state[DIGEST_KEY] = state_digest(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as handle:
         torch.save(state, handle)

@@ -112,6 +112,8 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
     (cli.train_main, ["model.norm=middle"], "model.norm=middle: Invalid value 'middle', expected one of [pre, post]"),
     (cli.evaluate_main, ["run_dir=x", "eval.beam_size=null"], "eval.beam_size=null: field 'beam_size' is not "
                                                               "Optional"),
+    (cli.evaluate_main, ["run_dir=x", "ensemble=run2"], "ensemble=run2: Invalid value assigned: str is not a "
+                                                        "ListConfig, list or tuple; give a list: ensemble=[run2]"),
 ])
 def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_one_line(
         monkeypatch, tmp_path, main, argv, message) -> None:
@@ -209,6 +211,20 @@ def test_a_recipe_without_its_folder_is_refused_in_one_usage_line(monkeypatch, c
     assert exited.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         "transformer-recipe: error: give a recipe and its folder, e.g. transformer-recipe ensemble outputs/ensemble")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model.n_head=3"], "model.n_head: no such setting; did you mean model.n_heads?"),
+    (["model.d_model=x"], "model.d_model=x: Value 'x' of type 'str' could not be converted to Integer"),
+    (["--parallel", "0"], "transformer-recipe: error: --parallel: runs at once must be >= 1, got 0"),
+])
+def test_a_recipe_refuses_a_bad_override_or_option_before_any_run(monkeypatch, tmp_path, capsys, args,
+                                                                   message) -> None:
+    monkeypatch.setattr(sys, "argv", ["transformer-recipe", "ensemble", str(tmp_path / "out"), *args])
+    with pytest.raises(SystemExit) as exited:
+        cli.recipe_main()
+    assert message in (str(exited.value.code), capsys.readouterr().err.splitlines()[-1])
+    assert not (tmp_path / "out").exists()
 
 
 def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) -> None:

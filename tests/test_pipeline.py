@@ -13,7 +13,7 @@ import torch
 from conftest import REPO, write_toy_corpus
 from omegaconf import OmegaConf
 
-from transformer.app import pipeline
+from transformer.app import pipeline, text_files
 from transformer.app.curves import Curve, plot_curves, read_curve
 from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
 from transformer.config import ConfigError
@@ -200,7 +200,7 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     assert source.read_text(encoding="utf-8") == "a b\n"
     (tmp_path / "locked").mkdir()  # a folder without write permission (the tests may run as root, who has it)
     real_access = os.access
-    monkeypatch.setattr(pipeline.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
+    monkeypatch.setattr(text_files.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
         path, mode))
     monkeypatch.setattr(pipeline, "translate_texts", lambda *args, **kwargs: pytest.fail("decoded before refusing"))
     with pytest.raises(ConfigError, match=r"^output: cannot write in .*locked \(permission denied\)"):

@@ -402,6 +402,7 @@ def recipe_main() -> None:
     if args.parallel is not None and args.parallel < 1:
         parser.error(f"--parallel: runs at once must be >= 1, got {args.parallel}")
     before_hydra.refuse_an_unwritable_folder("OUT_DIR", Path(args.out_dir))
+    before_hydra.refuse_mistyped_keys(schemas.TrainConfig, list(args.overrides), Path(CONFIG_PATH) / "train.yaml")
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     # Ctrl-C, and SIGTERM alike, end the recipe as KeyboardInterrupt wherever it is (MPS is stopped on the way out);
     # while runs train, the recipe passes them on instead (transformer.app.runs). Also when started in a script's

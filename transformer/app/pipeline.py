@@ -23,6 +23,7 @@ import torch
 from transformer import checkpoint as ckpt
 from transformer import files
 from transformer.app.schemas import EvaluateConfig, ExportConfig, PrepareDataConfig, TranslateConfig
+from transformer.app.text_files import check_output_file, read_lines
 from transformer.config import ConfigError, ModelConfig, TrainConfig, flatten, from_plain_dict, to_plain_dict
 from transformer.data import cache as corpus_cache
 from transformer.data.batching import Batch, TokenBucketSampler, collate_arrays
@@ -355,7 +356,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     if trained is not None:
         dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
     tracker.close()
-    print(f"{name}: {format_scores(scores)}")
+    log.info("%s: %s", name, format_scores(scores))  # on the console, and in the run's evaluate.log
     return metrics
 
 
@@ -374,13 +375,13 @@ def translate(cfg: TranslateConfig) -> None:
     """Translate lines from a file or stdin; one output line per input line (n-best joined by tabs)."""
     device = choose_device(cfg.device)
     if cfg.output is not None:
-        _check_output_file(cfg.output, cfg.input, cfg.overwrite)  # before the work, not after it
+        check_output_file(cfg.output, cfg.input, cfg.overwrite)  # before the work, not after it
     if cfg.export_dir is not None:
         translator = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval)
-        nbest = translator.translate(_read_input(cfg.input))
+        nbest = translator.translate(read_lines(cfg.input))
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
-        nbest = translate_texts(trained.model, _read_input(cfg.input), trained.src_tok, trained.tgt_tok, cfg.eval,
+        nbest = translate_texts(trained.model, read_lines(cfg.input), trained.src_tok, trained.tgt_tok, cfg.eval,
                                 device, trained.model.max_positions, progress=True)
     text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
     if cfg.output is not None:
@@ -403,45 +404,6 @@ def export(cfg: ExportConfig) -> None:
                 if key in ("beam_size", "length_norm", "length_penalty", "max_len_a", "max_len_b")}
     out = export_model(trained, cfg.out_dir, cfg.quantization, decoding)
     print(f"exported {trained.path} to {out} ({cfg.quantization})")
-
-
-def _check_output_file(path: str, input_path: str | None, overwrite: bool) -> None:
-    target = Path(path)
-    if input_path is not None and target.resolve() == Path(input_path).resolve():
-        raise ConfigError(f"output: {path} is the input file; the translations would replace the sentences, so "
-                          "choose another file")
-    if target.is_dir():
-        raise ConfigError(f"output: {path} is a directory; give a file name")
-    if target.exists() and not overwrite:
-        raise ConfigError(f"output: {path} exists; choose a new file, or overwrite=true to replace it")
-    if not target.parent.is_dir():
-        raise ConfigError(f"output: the directory {target.parent} does not exist; create it or choose another file")
-    if not os.access(target.parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"output: cannot write in {target.parent} (permission denied); choose another file")
-
-
-def _read_input(path: str | None) -> list[str]:
-    """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
-    in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline, and a
-    UTF-8 byte-order mark at the start is dropped."""
-    name = "stdin" if path is None else path
-    try:
-        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
-    except IsADirectoryError:
-        raise ConfigError(f"input: {path} is a directory; give a text file with one sentence per line") from None
-    except FileNotFoundError:
-        raise ConfigError(f"input: {path} not found") from None
-    rows = data.removeprefix(b"\xef\xbb\xbf").split(b"\n")  # a byte-order mark is not text, as the corpus reader has it
-    if rows[-1] == b"":
-        rows.pop()  # the newline that ends the last line
-    lines = []
-    for number, row in enumerate(rows, start=1):
-        try:
-            lines.append(row.removesuffix(b"\r").decode("utf-8"))
-        except UnicodeDecodeError as error:
-            raise ConfigError(f"input: {name}:{number} is not valid UTF-8 ({error.reason} at byte {error.start})") \
-                from None
-    return lines
 
 
 def average(paths: list[str], out: str) -> None:

@@ -258,7 +258,9 @@ def _refuse_a_mistyped_value(node: type, name: str, arg: str, key: str) -> None:
     try:
         fields[name] = override.value()
     except ValidationError as error:
-        raise ConfigError(f"{key}={override.get_value_element_as_str()}: {str(error).splitlines()[0]}") from None
+        value = override.get_value_element_as_str()
+        hint = f"; give a list: {key}=[{value}]" if "is not a ListConfig" in str(error) else ""
+        raise ConfigError(f"{key}={value}: {str(error).splitlines()[0].rstrip('.')}{hint}") from None
 
 
 def register_configs() -> None:

@@ -89,7 +89,7 @@ def test_a_resume_without_hydra_run_dir_runs_in_the_resumed_runs_folder(tmp_path
 def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(SystemExit) as refused:
-        before_hydra.refuse_a_taken_run_dir("evaluate", [f"hydra.run.dir={tmp_path / 'afile' / 'eval'}"])
+        before_hydra.refuse_unwritable_run_folders([f"hydra.run.dir={tmp_path / 'afile' / 'eval'}"])
     assert refused.value.code == (f"hydra.run.dir: {tmp_path / 'afile'} is a file, not a folder (on the way to "
                                   f"{tmp_path / 'afile' / 'eval'}); name another folder")
     (tmp_path / "locked").mkdir()
@@ -97,8 +97,9 @@ def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tm
     monkeypatch.setattr(before_hydra.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
         path, mode))
     with pytest.raises(SystemExit) as refused:
-        before_hydra.refuse_a_taken_run_dir("train", [f"hydra.run.dir={tmp_path / 'locked' / 'new' / 'run'}"])
-    assert refused.value.code == (f"hydra.run.dir: cannot make {tmp_path / 'locked' / 'new' / 'run'}: "
+        before_hydra.refuse_unwritable_run_folders(["-m", f"hydra.sweep.dir={tmp_path / 'locked' / 'new' / 'run'}"])
+    assert refused.value.code == (f"hydra.sweep.dir: cannot make {tmp_path / 'locked' / 'new' / 'run'}: "
                                   f"{tmp_path / 'locked'} is not writable (permission denied); name another folder")
-    before_hydra.refuse_a_taken_run_dir("train", [f"hydra.run.dir={tmp_path / 'free' / 'run'}"])  # may be made
+    before_hydra.refuse_unwritable_run_folders([f"hydra.run.dir={tmp_path / 'free' / 'run'}"])  # may be made
+    before_hydra.refuse_unwritable_run_folders([f"hydra.run.dir={tmp_path / 'locked'}/${{now:%H}}"])  # Hydra's
     assert list(tmp_path.iterdir()) and not (tmp_path / "free").exists()  # nothing made by the check

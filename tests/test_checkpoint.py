@@ -206,7 +206,8 @@ def test_save_model_keeps_metadata_but_no_training_state(tmp_path):
     like = {**_state(1.0, 7), "model_config": {"d_model": 8}, "tokenizers": {"src": {}, "tgt": {}}, "optimizer": {}}
     save_model({"w": torch.ones(1)}, like, tmp_path / "final.pt", source="best (step 7)")
     saved = load_checkpoint(tmp_path / "final.pt")
-    assert sorted(saved) == ["config", "digest", "model", "model_config", "source", "step", "tokenizers", "version"]
+    assert sorted(saved) == ["config", "digest", "digest_all", "model", "model_config", "source", "step", "tokenizers",
+                             "version"]
     assert saved["step"] == 7 and saved["source"] == "best (step 7)"
 
 
@@ -252,15 +253,18 @@ def test_the_digest_covers_every_tensor_and_value_and_its_place():
     changed[7]["config"]["norm"] = "None"
     changed[8]["step"] = 4  # a counter
     assert len({digest, *(checkpoint.state_digest(s) for s in changed)}) == 10
-    assert checkpoint.state_digest({**state, "digest": "anything"}) == digest
+    assert checkpoint.state_digest({**state, "digest": "anything", "digest_all": "anything"}) == digest
     tensors_only = checkpoint.state_digest(state, checkpoint.TENSORS_ONLY)  # the digest of versions 0.9 to 0.9.3
     assert tensors_only.startswith("sha256:") and checkpoint.state_digest(changed[4], checkpoint.TENSORS_ONLY) == \
         tensors_only and checkpoint.state_digest(changed[0], checkpoint.TENSORS_ONLY) != tensors_only
 
 
-def test_a_checkpoint_with_a_damaged_config_byte_is_refused_and_one_of_0_9_3_still_loads(tmp_path):
+def test_a_damaged_config_is_refused_and_checkpoints_of_0_9_3_and_of_now_verify_either_way(tmp_path):
     state = {**_state(1.0, 3), "config": {"data": {"corpus": "multi30k"}, "training": {"lr": 0.001}}}
     save_checkpoint(state, tmp_path / "step_3.pt")
+    saved = torch.load(tmp_path / "step_3.pt", weights_only=True)  # "digest" stays what 0.9 to 0.9.3 verify
+    assert saved["digest"] == checkpoint.state_digest(saved, checkpoint.TENSORS_ONLY)
+    assert saved["digest_all"] == checkpoint.state_digest(saved) != saved["digest"]
     # the config's text changed on disk (as one flipped byte in the pickle would): torch loads it without complaint
     loaded = torch.load(tmp_path / "step_3.pt", weights_only=True)
     loaded["config"]["data"]["corpus"] = "multi30j"

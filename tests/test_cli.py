@@ -43,7 +43,11 @@ def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited) -> N
 @pytest.mark.parametrize("error, message, code", [
     (KeyboardInterrupt(), "interrupted; what this command writes is written whole or not at all", 130),
     (KeyboardInterrupt("interrupted at step 7; saved last.pt"), "interrupted at step 7; saved last.pt", 130),
-    (PermissionError(13, "Permission denied", "/out/.hyp.txt.x1y2.tmp"), "cannot write in /out: permission denied", 1),
+    (PermissionError(13, "Permission denied", "/out/.hyp.txt.x1y2z3w4.tmp"), "cannot write in /out: permission denied",
+     1),
+    (IsADirectoryError(21, "Is a directory", "/out/.hyp.txt.x1y2z3w4.tmp", None, "/out/hyp.txt"),
+     "/out/hyp.txt: is a directory", 1),  # a rename's target, not its temporary source
+    (PermissionError(13, "Permission denied", "/home/u/.cache"), "/home/u/.cache: permission denied", 1),
     (PermissionError(13, "Permission denied", "/out/run"), "/out/run: permission denied", 1),
     (FileExistsError(17, "File exists", "/out/run"), "/out/run: a file is there, where a folder should be made", 1),
 ])
@@ -125,6 +129,18 @@ def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_
     assert not list(tmp_path.iterdir())  # nothing written: no run folder, no log
 
 
+@pytest.mark.parametrize("main", [cli.train_main, cli.evaluate_main, cli.benchmark_main, cli.diversify_main,
+                                  cli.prepare_data_main, cli.export_main])
+def test_a_run_folder_under_a_file_is_refused_by_every_command_before_hydra(monkeypatch, tmp_path, main) -> None:
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["transformer-command", "hydra.run.dir=afile/run"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == "hydra.run.dir: afile is a file, not a folder (on the way to afile/run); name " \
+                                   "another folder"
+
+
 def test_the_keys_hydra_and_the_config_groups_own_pass_the_command_line_check() -> None:
     argv = ["-m", "--cfg", "job", "model=small", "experiment=multi30k_cpu", "debug=cpu_tiny", "+experiment=glove",
             "~eval.beam_size", "hydra.run.dir=x", "hydra/launcher=basic", "model.glove.path=g.txt",
@@ -171,6 +187,17 @@ def test_other_errors_keep_their_traceback(compose_config) -> None:
 
     with pytest.raises(RuntimeError, match="a bug"):
         cli._run(command, compose_config("train", RUN))
+
+
+def test_average_interrupted_says_its_output_was_not_written(monkeypatch) -> None:
+    def interrupted(paths, out):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "average", interrupted)
+    monkeypatch.setattr(sys, "argv", ["transformer-average", "avg.pt", "a.pt", "b.pt"])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.average_main()
+    assert exit_info.value.code == "transformer-average: interrupted; avg.pt was not written"
 
 
 def test_average_passes_inputs_and_output_in_order(monkeypatch) -> None:
@@ -223,7 +250,7 @@ def test_a_recipe_refuses_a_bad_override_or_option_before_any_run(monkeypatch, t
     monkeypatch.setattr(sys, "argv", ["transformer-recipe", "ensemble", str(tmp_path / "out"), *args])
     with pytest.raises(SystemExit) as exited:
         cli.recipe_main()
-    assert message in (str(exited.value.code), capsys.readouterr().err.splitlines()[-1])
+    assert exited.value.code == message or capsys.readouterr().err.splitlines()[-1] == message
     assert not (tmp_path / "out").exists()
 
 

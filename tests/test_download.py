@@ -6,7 +6,6 @@ import functools
 import hashlib
 import http.server
 import logging
-import os
 import shutil
 import threading
 from pathlib import Path

@@ -19,7 +19,7 @@ from transformer.app import pipeline
 from transformer.config import ConfigError, EvalConfig, LengthNorm
 from transformer.inference.export import EXPORT_FILE, export
 from transformer.inference.loading import load_trained
-from transformer.inference.translation import translate, translate_scored
+from transformer.inference.translation import translate_scored
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 

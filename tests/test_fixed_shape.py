@@ -18,7 +18,7 @@ from transformer.config import (
     NormPosition,
     PositionKind,
 )
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
 from transformer.inference.search import beam_search, greedy_hypotheses, greedy_search, max_lengths
 from transformer.model.transformer import build_model

@@ -20,6 +20,7 @@ from transformer.config import ConfigError
 from transformer.data.corpus import DataError, read_parallel
 from transformer.inference.loading import load_trained
 from transformer.inference.metrics import corpus_scores
+from transformer.training.checkpoints import save_checkpoint
 
 # device=cpu: exact resumes, bit-equal weights and step counts here are the CPU's (on a GPU machine too; the CUDA
 # paths have their own tests, tests/test_gpu.py)
@@ -269,7 +270,7 @@ def test_average_writes_only_a_new_file_from_checkpoints_of_one_language_pair(tr
 
     other = torch.load(b, weights_only=True)
     other["config"]["data"]["src"], other["config"]["data"]["tgt"] = "de", "en"  # as a de->en run's checkpoint
-    torch.save(other, tmp_path / "de_en.pt")
+    save_checkpoint(other, tmp_path / "de_en.pt")
     with pytest.raises(ConfigError, match=r"de_en\.pt \(de->en, vocabularies of \d+ and \d+\) differs from "
                                           r".*\(src->tgt, .*in its language pair; averaged checkpoints must share"):
         pipeline.average([a, str(tmp_path / "de_en.pt")], str(tmp_path / "mixed.pt"))
@@ -434,8 +435,8 @@ def test_a_torn_last_checkpoint_names_the_way_back_and_is_set_aside_by_resuming_
     torn = run.last.read_bytes()[:1000]
     run.last.unlink()  # last.pt is a hard link to step_8.pt: tear a copy of its own, as a crash mid-write would
     run.last.write_bytes(torn)
-    with pytest.raises(CheckpointError, match=r"last\.pt: not a readable checkpoint .*; resume=.*checkpoints/step_N\.pt "
-                                              r"continues from an earlier step"):
+    with pytest.raises(CheckpointError, match=r"last\.pt: not a readable checkpoint .*; resume=.*checkpoints/step_8\.pt "
+                                              r"continues from an earlier step"):  # step_8.pt: whole, the newest
         _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.root}")
     again = _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.checkpoints / 'step_4.pt'}")
     assert again["train"]["steps"] == 8

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
-from pathlib import Path
 
 import pytest
 import torch

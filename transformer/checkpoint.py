@@ -16,9 +16,9 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
     time_limit       with ``training.max_minutes``: {"minutes", "step"}, the step at which that limit runs out, as
                      last projected from the pace of training (optional; None before the first projection)
     reason           why it was written ("validation", "interrupt", "final", ...)
-    digest           "sha256-all:<hex>" of everything else in the checkpoint (:func:`state_digest`), written by
-                     ``save_checkpoint`` and verified by :func:`load_checkpoint` (versions 0.9 to 0.9.3: "sha256:<hex>"
-                     of the tensors alone; older checkpoints lack it)
+    digest           "sha256:<hex>" of every tensor in the checkpoint (:func:`state_digest`), written by
+                     ``save_checkpoint`` and verified by :func:`load_checkpoint` (checkpoints before 0.9 lack it)
+    digest_all       "sha256-all:<hex>" of everything in it, the config and tokenizers too (since 0.9.4)
 
 plus whatever the caller adds (resolved config, model config, tokenizer states) at the top level. Every
 value must be loadable by ``torch.load(weights_only=True)``: tensors, str, int, float, bool, None and
@@ -55,7 +55,8 @@ STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU
 LAST_FILE = "last.pt"  # the newest checkpoint: what a resume continues from
 FINAL_FILE = "final.pt"  # the model the test score belongs to: best, or the average of the last N
-DIGEST_KEY = "digest"
+DIGEST_KEY = "digest"  # of the tensors: what versions 0.9 to 0.9.3 verify, so they still read newer checkpoints
+WHOLE_DIGEST_KEY = "digest_all"  # of everything else too (since 0.9.4)
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +132,9 @@ TENSORS_ONLY, WHOLE_STATE = "sha256:", "sha256-all:"  # the digest's scheme, the
 
 def state_digest(state: object, scheme: str = WHOLE_STATE) -> str:
     """``<scheme><hex>``: SHA-256 over every tensor of ``state`` (nested dicts, lists, tuples), with its place,
-    dtype and shape, and with ``WHOLE_STATE`` (checkpoints since version 0.9.4) over every other value too (the
-    config, the tokenizers' words, the counters), in a fixed order; the ``digest`` key itself is left out. torch's
-    zip reader checks no CRC, so this is what catches flipped or zeroed bytes inside a checkpoint."""
+    dtype and shape, and with ``WHOLE_STATE`` over every other value too (the config, the tokenizers' words, the
+    counters), in a fixed order; the digests' own keys are left out. torch's zip reader checks no CRC, so this is
+    what catches flipped or zeroed bytes inside a checkpoint."""
     digest = hashlib.sha256()
 
     def walk(value: object, where: str) -> None:
@@ -142,11 +143,11 @@ def state_digest(state: object, scheme: str = WHOLE_STATE) -> str:
             digest.update(f"{where}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
             digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
         elif isinstance(value, (str, int, float, bool, type(None))):
-            if scheme == WHOLE_STATE:  # repr: exact for floats, and tells 1 from 1.0 from True from "1"
-                digest.update(f"{where}|{type(value).__name__}|{value!r}|".encode("utf-8", "surrogatepass"))
+            if scheme == WHOLE_STATE:  # repr: exact for floats, tells 1 from 1.0 from True from "1", escapes all
+                digest.update(f"{where}|{type(value).__name__}|{value!r}|".encode())
         elif isinstance(value, dict):
             for key in sorted(value, key=lambda k: (type(k).__name__, k)):
-                if not (where == "" and key == DIGEST_KEY):
+                if not (where == "" and key in (DIGEST_KEY, WHOLE_DIGEST_KEY)):
                     walk(value[key], f"{where}/{key}")
         elif isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
@@ -240,13 +241,12 @@ def _verify(path: Path, state: dict) -> None:
     if stored is None:
         log.warning("%s: written before checkpoints carried a digest of their tensors; loaded unverified", path)
         return
-    scheme = WHOLE_STATE if str(stored).startswith(WHOLE_STATE) else TENSORS_ONLY  # before 0.9.4: tensors only
-    if state_digest(state, scheme) != stored:
+    whole = state.get(WHOLE_DIGEST_KEY)  # before 0.9.4: none
+    if state_digest(state, TENSORS_ONLY) != stored or (whole is not None and state_digest(state) != whole):
         earlier = _earlier_checkpoint(path)
         way_back = (f"; {earlier} is an earlier checkpoint of the same run (e.g. resume={earlier})" if earlier
                     else "; train again or restore it from a copy")
-        what = "its contents do not" if scheme == WHOLE_STATE else "its tensors do not"
-        raise CheckpointError(f"{path}: corrupt: {what} match the digest written with them (a damaged disk or "
-                              f"copy){way_back}")
+        raise CheckpointError(f"{path}: corrupt: its contents do not match the digest written with them (a damaged "
+                              f"disk or copy){way_back}")
 
 

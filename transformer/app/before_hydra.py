@@ -1,7 +1,7 @@
 """What a command checks and arranges from its command line before Hydra composes the config and writes the run
-folder: a key the command's schema lacks or a value of the wrong type, a ``hydra.run.dir`` (or sweep folder) holding another run's work, the
-settings of a helper rank under torchrun, and a full disk under Hydra's ``.hydra/`` snapshot. Each refusal is one
-line and leaves every folder as it was."""
+folder: a key the command's schema lacks or a value of the wrong type, a ``hydra.run.dir`` (or sweep folder) that
+cannot be made or holds another run's work, the settings of a helper rank under torchrun, and a full disk under
+Hydra's ``.hydra/`` snapshot. Each refusal is one line and leaves every folder as it was."""
 
 from __future__ import annotations
 
@@ -79,13 +79,11 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
         return
     if "-m" in argv or "--multirun" in argv or str(given.get("hydra.mode", "")).upper() == "MULTIRUN":
         if given.get("hydra.sweep.dir") is not None:  # else each sweep makes a folder of its own
-            refuse_an_unwritable_folder("hydra.sweep.dir", Path(str(given["hydra.sweep.dir"])))
             _refuse_a_taken_sweep_dir(command, Path(str(given["hydra.sweep.dir"])))
         return
     if given.get("hydra.run.dir") is None:
         return
     folder = Path(str(given["hydra.run.dir"]))
-    refuse_an_unwritable_folder("hydra.run.dir", folder)
     resume = given.get("resume")
     resumes_it = resume == "auto" or (resume is not None and folder.resolve() in
                                       (Path(str(resume)).resolve(), *Path(str(resume)).resolve().parents))
@@ -99,10 +97,23 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
                  "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
 
 
+def refuse_unwritable_run_folders(argv: list[str]) -> None:
+    """Exit in one line when the ``hydra.run.dir`` or ``hydra.sweep.dir`` that ``argv`` names cannot be made or
+    written (Hydra would stop with a traceback). One built by interpolation (``${...}``) is left to Hydra."""
+    try:
+        given = overrides_given([arg for arg in argv if "=" in arg and not arg.startswith("-")])
+    except HydraException:  # a malformed override: Hydra itself reports it, with its own message
+        return
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        if given.get(key) is not None and "${" not in str(given[key]):
+            refuse_an_unwritable_folder(key, Path(str(given[key])))
+
+
 def refuse_an_unwritable_folder(key: str, folder: Path) -> None:
     """Exit in one line when ``folder`` (to be made if missing) cannot be: a file in its place or on its path, or
     its nearest existing folder not writable. Python would answer later, with a traceback."""
-    existing = next(path for path in (folder, *folder.parents) if path.exists())  # "." or "/" at the latest
+    # os.path.exists, not Path.exists: it says False, rather than raising, below a folder that cannot be entered
+    existing = next(path for path in (folder, *folder.parents) if os.path.exists(path))  # "." or "/" at the latest
     if not existing.is_dir():
         on_the_way = "" if existing == folder else f" (on the way to {folder})"
         sys.exit(f"{key}: {existing} is a file, not a folder{on_the_way}; name another folder")

@@ -93,12 +93,12 @@ _PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST, errno.ENOT
 
 def _path_error_line(error: OSError) -> str:
     """One line naming the path of a failed file operation and why; the folder for a file or folder written in it
-    under a temporary name (``.NAME.*``, see ``transformer.files``) before taking its own."""
-    path = Path(str(error.filename))
+    under a temporary name (``.NAME.XXXXXXXX[.tmp]``, see ``transformer.files``) before taking its own."""
+    path = Path(str(error.filename2 or error.filename))  # a rename's target, else the file operated on
     reason = {errno.EEXIST: "a file is there, where a folder should be made",
               errno.ENOTDIR: "a part of this path is a file, not a folder"}.get(error.errno or 0)
     reason = reason or (error.strerror or str(error)).lower()
-    if path.name.startswith("."):
+    if re.fullmatch(r"\..+\.([a-z0-9_]{8}(\.tmp|\.part)?|link\.tmp)", path.name):  # tempfile's 8 random characters
         return f"cannot write in {path.parent}: {reason}"
     return f"{path}: {reason}"
 
@@ -318,6 +318,7 @@ def _setup(schema: type | None = None, command: str = "") -> None:
     schemas.register_configs()
     if schema is not None:
         before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
+    before_hydra.refuse_unwritable_run_folders(sys.argv[1:])
     before_hydra.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -380,6 +381,8 @@ def average_main() -> None:
         sys.exit(usage)
     try:
         pipeline.average(sys.argv[2:], sys.argv[1])
+    except KeyboardInterrupt:
+        sys.exit(f"transformer-average: interrupted; {sys.argv[1]} was not written")
     except _user_errors() as error:
         sys.exit(f"transformer-average: {error}")
     except OSError as error:

@@ -8,7 +8,6 @@ narrowest typed piece of the config (``ModelConfig`` to ``build_model``, ``Train
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -33,7 +32,7 @@ from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSam
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_state
 from transformer.inference.attention_maps import check_indices, dump_attention
 from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
-from transformer.inference.metrics import Scores, corpus_scores
+from transformer.inference.metrics import corpus_scores
 from transformer.inference.translation import format_scores, score_texts
 from transformer.inference.translation import translate as translate_texts
 from transformer.inference.translator import Translator

@@ -258,7 +258,7 @@ def _refuse_a_mistyped_value(node: type, name: str, arg: str, key: str) -> None:
     try:
         fields[name] = override.value()
     except ValidationError as error:
-        value = override.get_value_element_as_str()
+        value = arg.partition("=")[2]  # as typed: Hydra's rendering of true is True
         hint = f"; give a list: {key}=[{value}]" if "is not a ListConfig" in str(error) else ""
         raise ConfigError(f"{key}={value}: {str(error).splitlines()[0].rstrip('.')}{hint}") from None
 

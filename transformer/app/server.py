@@ -26,8 +26,6 @@ waits in the queue is dropped there, so an abandoned request does not hold the d
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import sys
 import threading
@@ -42,10 +40,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 
 from transformer import files
 from transformer.app.batcher import Batcher
+from transformer.app.http_requests import (
+    MAX_BEAM,
+    RequestError,
+    int_field,
+    only_fields,
+    parse_body,
+    parse_sentences,
+    read_body,
+    text_field,
+    unless_client_leaves,
+)
 from transformer.app.schemas import ServeConfig
 from transformer.config import to_plain_dict
 from transformer.inference.attention_maps import pair_attention_maps
@@ -56,143 +64,6 @@ from transformer.inference.translator import Translation, Translator
 from transformer.runtime import choose_device
 
 log = logging.getLogger(__name__)
-
-MAX_BEAM = 64  # a request's beam_size at most
-MAX_BODY_BYTES = 1 << 20  # a request body at most (its sentences are limited again, in tokens)
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status``, the ``field`` at fault and what is wrong with it."""
-
-    def __init__(self, status: int, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.status, self.field = status, field_name
-
-
-# --------------------------------------------------------------------------------------------------
-# Requests
-# --------------------------------------------------------------------------------------------------
-
-
-async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes before more of it is read."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, "body", f"{declared} bytes; a request takes at most {limit}")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise RequestError(413, "body", f"more than {limit} bytes; a request takes at most {limit}")
-    except ClientDisconnect:  # nobody is left to answer: a refusal, not a failure of the server (no traceback)
-        raise RequestError(400, "body", "the client left before sending all of it") from None
-    return bytes(body)
-
-
-def parse_body(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object, or a :class:`RequestError` naming what is wrong with it."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RequestError(400, "body", f"is not valid UTF-8 (at byte offset {error.start})") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise RequestError(400, "body", f"is not valid JSON: {error.msg} (line {error.lineno} column "
-                                        f"{error.colno})") from None
-    except RecursionError:  # [[[[... thousands deep
-        raise RequestError(400, "body", "nests lists or objects deeper than the server reads") from None
-    if not isinstance(value, dict):
-        raise RequestError(422, "body", f"must be a JSON object, got {_json_type(value)}")
-    return value
-
-
-def _json_type(value: Any) -> str:
-    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list",
-             dict: "an object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _only(request: dict[str, Any], allowed: tuple[str, ...]) -> None:
-    for key in request:
-        if key not in allowed:
-            raise RequestError(422, key, f"is not a field of this request (fields: {', '.join(allowed)})")
-
-
-def _text_field(request: dict[str, Any], name: str, required: bool = True) -> str | None:
-    value = request.get(name)
-    if value is None and not required:
-        return None
-    if value is None:
-        raise RequestError(422, name, "is required")
-    if not isinstance(value, str):
-        raise RequestError(422, name, f"must be a string, got {_json_type(value)}")
-    return _encodable(value, name)
-
-
-def _encodable(text: str, field: str) -> str:
-    """``text`` if it is valid Unicode; JSON's ``\\ud800`` escapes can make a lone surrogate, which no tokenizer
-    takes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise RequestError(422, field, f"holds an unpaired surrogate {text[error.start]!r} at character "
-                                       f"{error.start}: not valid Unicode") from None
-    return text
-
-
-def _int_field(request: dict[str, Any], name: str, low: int, high: int) -> int | None:
-    value = request.get(name)
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # JSON has numbers only: 4.0 is 4
-    if isinstance(value, bool) or not isinstance(value, int):
-        got = value if isinstance(value, float) else _json_type(value)
-        raise RequestError(422, name, f"must be an integer, got {got}")
-    if not low <= value <= high:
-        raise RequestError(422, name, f"must be in {low}..{high}, got {value}")
-    return value
-
-
-def parse_sentences(request: dict[str, Any]) -> list[str]:
-    """``text``: one string or a non-empty list of strings."""
-    text = request.get("text")
-    if text is None:
-        raise RequestError(422, "text", "is required: a string or a list of strings")
-    if isinstance(text, str):
-        return [_encodable(text, "text")]
-    if not isinstance(text, list):
-        raise RequestError(422, "text", f"must be a string or a list of strings, got {_json_type(text)}")
-    if not text:
-        raise RequestError(422, "text", "is an empty list: give at least one sentence")
-    for i, item in enumerate(text):
-        if not isinstance(item, str):
-            raise RequestError(422, f"text[{i}]", f"must be a string, got {_json_type(item)}")
-        _encodable(item, f"text[{i}]")
-    return text
-
-
-async def unless_client_leaves(request: Request, answer: Any) -> Any:
-    """Await the coroutine ``answer``, cancelled if the client disconnects first (its queued job is then dropped).
-
-    Called once the body is read: the server's next message on the request is then its disconnect."""
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    work, watch = asyncio.ensure_future(answer), asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done() and watch.exception() is None:
-            raise RequestError(499, "client", "disconnected before the answer was ready")  # for the log: none reads it
-        return await work  # done, or the watch failed: the answer still counts
-    finally:
-        watch.cancel()
-        work.cancel()  # nothing when it is done; a job still queued is dropped
-
 
 # --------------------------------------------------------------------------------------------------
 # The application
@@ -260,11 +131,11 @@ class Service:
         return sum(min(n, limit) for n in counts), warnings
 
     async def translate(self, body: dict[str, Any]) -> dict[str, Any]:
-        _only(body, ("text", "beam_size", "n_best"))
+        only_fields(body, ("text", "beam_size", "n_best"))
         sentences = parse_sentences(body)
-        beam_size = _int_field(body, "beam_size", 1, MAX_BEAM) or self.translator.eval.beam_size
+        beam_size = int_field(body, "beam_size", 1, MAX_BEAM) or self.translator.eval.beam_size
         # Not given: the server's n_best, as many as the request's beam holds.
-        n_best = _int_field(body, "n_best", 1, MAX_BEAM) or min(self.translator.eval.n_best, beam_size)
+        n_best = int_field(body, "n_best", 1, MAX_BEAM) or min(self.translator.eval.n_best, beam_size)
         if n_best > beam_size:
             raise RequestError(422, "n_best", f"{n_best} translations need beam_size >= {n_best}, got {beam_size}")
         if len(sentences) > self.cfg.max_sentences:
@@ -280,8 +151,8 @@ class Service:
                 "warnings": warnings}
 
     async def attention(self, body: dict[str, Any]) -> dict[str, Any]:
-        _only(body, ("source", "target"))
-        source, target = _text_field(body, "source"), _text_field(body, "target", required=False)
+        only_fields(body, ("source", "target"))
+        source, target = text_field(body, "source"), text_field(body, "target", required=False)
         if not source.strip():
             raise RequestError(422, "source", "is empty: there is nothing to attend to")
         if self.model.attention is None:
@@ -350,11 +221,13 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         body = parse_body(await read_body(request))
         return await unless_client_leaves(request, service.attention(body))
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.get("/health")
     async def health() -> JSONResponse:
         if not service.batcher.running:
             return JSONResponse({"status": "the decoder stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
+
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)  # what load balancers send
 
     @app.get("/info")
     async def info() -> dict[str, Any]:

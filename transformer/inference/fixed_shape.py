@@ -120,7 +120,6 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
     enc = select_encoder_output(model.encode(src), torch.arange(batch, device=device).repeat_interleave(beam))
     cache = model.init_slot_cache(enc, steps)
     banned = _banned(model, pad_id, bos_id, device)
-    vocab = banned.numel()
     first_row = torch.arange(batch, device=device)[:, None] * beam  # (batch, 1): each sentence's first row
     token = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)  # fed at the next step
     alive = torch.full((batch, beam), -math.inf, device=device)  # cumulative log-probs; -inf: an empty slot

@@ -19,6 +19,8 @@ from transformer.checkpoint import (
     FINAL_FILE,
     LAST_FILE,
     STEP_FILE,
+    TENSORS_ONLY,
+    WHOLE_DIGEST_KEY,
     CheckpointError,
     check_plain,
     load_checkpoint,
@@ -39,7 +41,7 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     path = Path(path)
     state = {**state, "version": CHECKPOINT_VERSION}
     check_plain(state)
-    state[DIGEST_KEY] = state_digest(state)
+    state[DIGEST_KEY], state[WHOLE_DIGEST_KEY] = state_digest(state, TENSORS_ONLY), state_digest(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as handle:
         torch.save(state, handle)

@@ -34,10 +34,14 @@ COMMON = ["training.max_minutes=null", "training.progress_bar=false", "training.
 
 
 def worktree(rev: str, work: Path) -> Path:
-    """A checkout of ``rev`` under ``work`` (made once, reused)."""
-    path = work / f"tree_{rev}"
+    """A checkout of ``rev`` under ``work``, named by its commit (so ``HEAD`` after a new commit is a new one), made
+    once and reused; worktrees whose folders were deleted are forgotten first."""
+    commit = subprocess.run(["git", "rev-parse", "--short=12", f"{rev}^{{commit}}"], check=True, capture_output=True,
+                            text=True).stdout.strip()
+    path = work / f"tree_{commit}"
     if not path.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], check=True)
+        subprocess.run(["git", "worktree", "prune"], check=True)
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], check=True)
     return path
 
 

@@ -158,6 +158,19 @@ def test_a_bad_request_is_refused_naming_the_field_and_the_server_goes_on(served
     assert httpx.post(f"{url}/translate", json={"text": "a b c"}).status_code == 200
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_a_body_declared_as_anything_but_json_is_refused_415(served, content_type):
+    url, _ = served
+    body = b'{"text": "a b c"}'
+    for path in ("translate", "attention"):
+        refused = httpx.post(f"{url}/{path}", content=body, headers={"Content-Type": content_type})
+        assert refused.status_code == 415 and refused.json()["field"] == "Content-Type"
+        assert refused.json()["error"] == (f"Content-Type: is {content_type!r}; send the body as JSON with "
+                                           "'Content-Type: application/json'")
+    for declared in ("application/json; charset=utf-8", "Application/JSON", "application/merge-patch+json"):
+        assert httpx.post(f"{url}/translate", content=body, headers={"Content-Type": declared}).status_code == 200
+
+
 def test_a_whole_number_written_as_4_0_is_the_integer_4_and_health_answers_head(served):
     url, _ = served
     as_float = httpx.post(f"{url}/translate", content=b'{"text": "a b c", "beam_size": 2.0, "n_best": 2.0}')

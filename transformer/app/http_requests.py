@@ -24,7 +24,9 @@ class RequestError(Exception):
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes before more of it is read."""
+    """The request body, refused with 415 when it is declared as something other than JSON and with 413 past
+    ``limit`` bytes, before more of it is read."""
+    _json_declared(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, "body", f"{declared} bytes; a request takes at most {limit}")
@@ -37,6 +39,19 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     except ClientDisconnect:  # nobody is left to answer: a refusal, not a failure of the server (no traceback)
         raise RequestError(400, "body", "the client left before sending all of it") from None
     return bytes(body)
+
+
+def _json_declared(content_type: str | None) -> None:
+    """Refuse a body declared as anything but JSON (``application/json`` or ``application/<x>+json``). A form or
+    ``text/plain`` is what a web page may send to another site without asking the browser first, so refusing them
+    keeps other pages from driving a server on localhost; a body with no Content-Type at all is read as JSON."""
+    if content_type is None:
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not (media_type.startswith("application/")
+                                                  and media_type.endswith("+json")):
+        raise RequestError(415, "Content-Type", f"is {content_type!r}; send the body as JSON with "
+                                                "'Content-Type: application/json'")
 
 
 def parse_body(body: bytes) -> dict[str, Any]:

@@ -270,7 +270,11 @@ def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) 
     result = subprocess.run([sys.executable, "-m", "transformer", "train", "training.lr=-1"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "training.lr: must be > 0, got -1.0" in result.stdout + result.stderr
-    assert list((tmp_path / "outputs" / "train").iterdir()) == []
+    assert not (tmp_path / "outputs").exists()  # nor the empty folders above it
+    (tmp_path / "outputs" / "train" / "an_earlier_run").mkdir(parents=True)
+    result = subprocess.run([sys.executable, "-m", "transformer", "train", "training.lr=-1"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and [p.name for p in (tmp_path / "outputs" / "train").iterdir()] == ["an_earlier_run"]
 
 
 def test_merge_overrides_keeps_the_runs_recipe_under_this_commands_values() -> None:

@@ -118,8 +118,9 @@ def _one_line(error: BaseException) -> str:
 
 def _forget_refused_run() -> None:
     """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``) and
-    it holds nothing but Hydra's record and the log: listings of runs show only runs that started. A folder named
-    with ``hydra.run.dir`` keeps its log, which says why the command was refused."""
+    it holds nothing but Hydra's record and the log, and the folders above it left empty: listings of runs show only
+    runs that started. A folder named with ``hydra.run.dir`` keeps its log, which says why the command was
+    refused."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
@@ -133,8 +134,13 @@ def _forget_refused_run() -> None:
         return
     run = Path(hydra_cfg.runtime.output_dir)
     made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
-    if run.is_dir() and run.resolve() != Path.cwd().resolve() and {p.name for p in run.iterdir()} <= made:
+    here = Path.cwd().resolve()
+    if run.is_dir() and run.resolve() != here and {p.name for p in run.iterdir()} <= made:
         shutil.rmtree(run, ignore_errors=True)
+        for parent in run.resolve().parents:  # outputs/<task>/ as well, where Hydra made it for this run alone
+            if parent == here or here not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()
 
 
 def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:

@@ -4,6 +4,8 @@ reading the device back inside a step; on CUDA also replayed as a CUDA graph."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from test_decoding import REAL, SPECIAL, tiny_model, varied_sources
@@ -19,7 +21,7 @@ from transformer.config import (
     PositionKind,
 )
 from transformer.data.tokenizer import EOS_ID, PAD_ID
-from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
+from transformer.inference.fixed_shape import _cannot_win, fixed_shape_beam, fixed_shape_greedy
 from transformer.inference.search import beam_search, greedy_hypotheses, greedy_search, max_lengths
 from transformer.model.transformer import build_model
 
@@ -248,3 +250,20 @@ def test_the_cuda_graphs_replay_the_fixed_shape_searches_on_a_gpu() -> None:
                                    **REAL)
         assert_same_hypotheses(fixed, ordinary, tolerance=1e-4)
         assert_same_nbest(fixed_shape_beam(model, src, cuda_graph=cuda_graph, **beams), ordinary_beams, tolerance=1e-4)
+
+
+def test_the_stopping_rule_by_hand() -> None:
+    inf = math.inf
+    alive = torch.tensor([[-1.0, -inf], [-inf, -inf], [-1.0, -3.0], [-1.0, -3.0], [-1.0, -inf]])  # (batch, beam)
+    n_finished = torch.tensor([0, 0, 1, 1, 2])
+    finished = torch.tensor([[-inf, -inf], [-inf, -inf], [-0.5, -inf], [-2.0, -inf], [-3.0, -4.0]],
+                            dtype=torch.float64)
+    # still open / nothing alive / the finished one beats every alive one / an alive one may beat it / likewise
+    expected = [False, True, True, False, False]
+    assert _cannot_win(alive, n_finished, finished, torch.ones(5, dtype=torch.float64), 1,
+                       LengthNorm.none).tolist() == expected
+    # with normalization, a full beam of finished ends the sentence; the bound lifts the best alive one's score:
+    # -1 / 0.4 = -2.5, so -2.0 wins now
+    bound = torch.full((5,), 0.4, dtype=torch.float64)
+    assert _cannot_win(alive, n_finished, finished, bound, 1, LengthNorm.average).tolist() == [False, True, True,
+                                                                                               True, True]

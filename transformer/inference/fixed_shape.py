@@ -150,25 +150,35 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
         rows = (first_row + cand.parent.gather(1, order)).flatten()  # (rows,) the parent of each new row
         history.copy_(history.index_select(0, rows))
         history.index_copy_(1, generated - 1, new_token.view(-1, 1))
-        for layer in cache.self_attn:
-            layer.key.copy_(layer.key.index_select(0, rows))
-            layer.value.copy_(layer.value.index_select(0, rows))
+        cache.reorder_(rows)
         token.copy_(new_token.view(-1, 1))
         at_limit = (generated >= limit) & ~done  # (batch,): the alive hypotheses finish as they are
         joining = at_limit[:, None] & torch.isfinite(log_prob)
         n_finished.add_(joining.sum(dim=1))
         finished.merge(torch.where(joining, log_prob.double() / penalty, -math.inf), log_prob,
                        history.view(batch, beam, steps), generated, False)
-        alive_best = log_prob.max(dim=1).values.double()  # (batch,)
-        cannot_win = torch.where(n_finished < n_best, alive_best == -math.inf,
-                                 finished.score[:, n_best - 1] >= alive_best / bound)
-        if norm is not LengthNorm.none:  # a beam full of finished hypotheses also ends a sentence
-            cannot_win = cannot_win | (n_finished >= beam)
-        done.logical_or_(at_limit | cannot_win)
+        done.logical_or_(at_limit | _cannot_win(log_prob, n_finished, finished.score, bound, n_best, norm))
         alive.copy_(log_prob.masked_fill(done[:, None], -math.inf))
 
     _run(step, steps, done, check_every, use_graph, device)
     return finished.hypotheses(n_best, alpha, norm)
+
+
+def _cannot_win(alive: Tensor, n_finished: Tensor, finished: Tensor, bound: Tensor, n_best: int,
+                norm: LengthNorm) -> Tensor:
+    """(batch,) bool: sentences whose search is over, by the stopping rule of the ordinary beam search: ``n_best``
+    hypotheses have finished and none alive can beat the worst of them, even at the longest length (``bound``: the
+    length penalty there), or nothing is alive; with length normalization, also a beam's worth finished.
+
+    Args:
+        alive: (batch, beam) log-probs of the alive hypotheses, -inf for empty slots.
+        n_finished: (batch,) hypotheses finished so far; ``finished``: (batch, beam) their best scores, best first.
+    """
+    alive_best = alive.max(dim=1).values.double()  # (batch,)
+    over = torch.where(n_finished < n_best, alive_best == -math.inf, finished[:, n_best - 1] >= alive_best / bound)
+    if norm is not LengthNorm.none:  # a beam full of finished hypotheses also ends a sentence
+        over = over | (n_finished >= alive.size(1))
+    return over
 
 
 @dataclass

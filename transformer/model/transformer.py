@@ -83,6 +83,13 @@ class SlotDecoderCache:
     position: Tensor  # (1,) long
     slots: Tensor  # (max_len,) long: 0 … max_len - 1, to mask the slots not written yet
 
+    def reorder_(self, rows: Tensor) -> None:
+        """Give row ``i`` the self-attention K/V of row ``rows[i]``, in place (beam search's reordering; the
+        cross-attention K/V are the same for every row of a sentence and stay)."""
+        for layer in self.self_attn:
+            layer.key.copy_(layer.key.index_select(0, rows))
+            layer.value.copy_(layer.value.index_select(0, rows))
+
 
 @dataclass
 class DecoderOutput:

@@ -288,8 +288,8 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
     assert "/static/explorer.js" in httpx.get(url).text
     api = httpx.get(f"{url}/openapi.json").json()["paths"]
     assert api["/translate"]["post"]["requestBody"]["required"]
-    assert sorted(api["/translate"]["post"]["responses"]) == ["200", "400", "413", "422"]
-    assert sorted(api["/attention"]["post"]["responses"]) == ["200", "400", "413", "422", "503"]
+    assert sorted(api["/translate"]["post"]["responses"]) == ["200", "400", "413", "415", "422"]
+    assert sorted(api["/attention"]["post"]["responses"]) == ["200", "400", "413", "415", "422", "503"]
     for method, path, status in (("GET", "/nothing", 404), ("GET", "/translate", 405)):
         answer = httpx.request(method, url + path)
         assert answer.status_code == status

@@ -16,8 +16,9 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer.app import pipeline
+from transformer.app.schemas import Quantization
 from transformer.config import ConfigError, EvalConfig, LengthNorm
-from transformer.inference.export import EXPORT_FILE, export
+from transformer.inference.export import EXPORT_FILE, QUANTIZATIONS, export
 from transformer.inference.loading import load_trained
 from transformer.inference.translation import translate_scored
 
@@ -144,6 +145,10 @@ def test_scores_ctranslate2_cannot_run_are_refused_by_key(one_run, tmp_path, sco
     with pytest.raises(ConfigError, match=f"model.attention.score: {score} scores have no CTranslate2"):
         export(trained, tmp_path / "out", "none", {})
     assert not (tmp_path / "out").exists()
+
+
+def test_the_command_offers_the_quantizations_the_export_takes():
+    assert tuple(choice.value for choice in Quantization) == QUANTIZATIONS
 
 
 def test_int8_exports_and_runs(one_run, tmp_path):

@@ -6,7 +6,7 @@ A checkpoint is a plain dict. The trainer writes these keys (``TRAINER_KEYS``):
     model            state dict of the unwrapped model (no ``module.``/``_orig_mod.`` prefixes)
     optimizer        optimizer state dict
     step, epoch      completed optimizer steps; epoch in progress (0-based)
-    sampler          the batch sampler's state dict (epoch, position) for exact mid-epoch resume
+    sampler          the batch sampler's state dict (epoch, position, batches) for exact mid-epoch resume
     rng              list with one capture_rng_state() dict per rank
     best_bleu, best_step, bad_validations, last_valid_step   early-stopping bookkeeping
     last_metrics     the latest validation's metrics (optional: older checkpoints lack it)
@@ -45,11 +45,11 @@ CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
     "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
     "bad_validations", "last_valid_step", "last_metrics", "train_seconds", "epoch_steps",
-    "schedule_steps", "time_limit", "reason", "digest",
+    "schedule_steps", "time_limit", "reason", "digest", "digest_all",
 })
 # Keys a resume can do without: informational, or added after the first checkpoints were written.
 OPTIONAL_TRAINER_KEYS = frozenset({"version", "reason", "last_metrics", "train_seconds", "epoch_steps",
-                                   "schedule_steps", "time_limit", "digest"})
+                                   "schedule_steps", "time_limit", "digest", "digest_all"})
 _PLAIN = (str, int, float, bool, type(None), torch.Tensor)
 STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # the checkpoint with the highest validation BLEU

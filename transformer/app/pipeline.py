@@ -1,9 +1,10 @@
-"""The application: the only module that reads a root config.
+"""The application's main commands, each from its root config.
 
-It wires data → tokenizers → model → trainer → evaluation and exposes one function per command:
-``train``, ``evaluate``, ``translate``, ``prepare_data``, ``average``. Everything it calls takes the
-narrowest typed piece of the config (``ModelConfig`` to ``build_model``, ``TrainingConfig`` to the
-``Trainer``) or plain arguments.
+It wires data → tokenizers → model → trainer → evaluation and exposes one function per command: ``train``,
+``evaluate``, ``translate``, ``prepare_data`` and ``export`` take their root config, ``average`` the checkpoints and
+the output. Everything it calls takes the narrowest typed piece of the config (``ModelConfig`` to ``build_model``,
+``TrainingConfig`` to the ``Trainer``) or plain arguments. The other commands read their root configs in modules of
+their own (``benchmark``, ``diversify``, ``server``).
 """
 
 from __future__ import annotations
@@ -401,8 +402,8 @@ def export(cfg: ExportConfig) -> None:
     trained = load_model(cfg.run_dir, cfg.checkpoint, [], torch.device("cpu"))
     decoding = {key: value for key, value in to_plain_dict(cfg.eval).items()
                 if key in ("beam_size", "length_norm", "length_penalty", "max_len_a", "max_len_b")}
-    out = export_model(trained, cfg.out_dir, cfg.quantization, decoding)
-    print(f"exported {trained.path} to {out} ({cfg.quantization})")
+    out = export_model(trained, cfg.out_dir, cfg.quantization.value, decoding)
+    print(f"exported {trained.path} to {out} ({cfg.quantization.value})")
 
 
 def average(paths: list[str], out: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Collection, Optional
@@ -94,14 +95,24 @@ class TranslateConfig:
 
 
 
+class Quantization(enum.Enum):
+    """How an export stores its weights (CTranslate2's names; ``inference.export.QUANTIZATIONS`` lists the same)."""
+
+    none = "none"  # as trained, float32
+    int8 = "int8"
+    int8_float32 = "int8_float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
 @dataclass
 class ExportConfig:
     """``transformer-export``: a trained model as a CTranslate2 model directory (transformer/inference/export.py)."""
 
-    run_dir: Optional[str] = None  # a training run directory (its final checkpoint is exported)
+    run_dir: Optional[str] = None  # a training run directory (its final.pt, else best.pt, else last.pt)
     checkpoint: Optional[str] = None  # or a checkpoint file
     out_dir: Optional[str] = None  # a new folder: an export never overwrites
-    quantization: str = "none"  # none | int8 | int8_float32 | float16 | bfloat16
+    quantization: Quantization = Quantization.none  # how the weights are stored
     eval: EvalConfig = field(default_factory=EvalConfig)  # the decoding settings export.json records
 
     def __post_init__(self) -> None:

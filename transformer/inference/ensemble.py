@@ -1,14 +1,14 @@
 """Several trained models decoding as one: an ensemble averages their next-token probabilities.
 
 ``Ensemble`` implements the searches' decoder protocol (``search.Decoder``), so greedy and beam search,
-the KV cache and ``inference.translate`` run on it unchanged. At each step every model scores the next
+the KV cache and ``inference.translation.translate`` run on it unchanged. At each step every model scores the next
 token given the same prefix, and the ensemble's log-probability is that of the models' mean probability:
 
     log p(y | x, y<t) = logsumexp_m log p_m(y | x, y<t) - log M
 
 (a linear mixture, as fairseq's ensembles use; averaging log-probabilities instead is a product of experts,
 which rewards only the tokens every model finds likely). The models must share the source and target
-vocabularies; their sizes and layers may differ. ``inference.load_ensemble`` loads one from checkpoints.
+vocabularies; their sizes and layers may differ. ``inference.loading.load_ensemble`` loads one from checkpoints.
 
 Unlike averaging checkpoints (``transformer-average``), which gives one model of the same cost, an ensemble
 costs the sum of its models at every step and works for models of different runs, seeds and shapes.

@@ -1,4 +1,4 @@
-"""Batched greedy and beam search on the incremental decoder (``inference.translate`` runs them on text).
+"""Batched greedy and beam search on the incremental decoder (``inference.translation`` runs them on text).
 
 The searches only need a small *decoder protocol* (``Decoder`` below): ``encode(src) -> enc`` (with
 ``enc.src_mask``), ``init_cache(enc) -> cache``, ``decode(tokens, enc, cache=None) -> out`` (with

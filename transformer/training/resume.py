@@ -31,9 +31,9 @@ RESUME_MUST_MATCH = (
     "data.max_pairs", "data.max_len", "data.max_len_ratio", "data.tokenizer", "training.seed", "training.max_tokens",
     "training.accumulate", "training.pad_to_multiple", "training.bpe_dropout",
 )
-# Settings whose null meant "the device's default" (today ``pad_to_multiple``'s and ``cuda_graphs``', resolved
-# when a run starts, so no run saves them null); a run that saved the null leaves its value unknown, so it is not
-# compared.
+# Settings whose null meant "the device's default", resolved when a run starts, so no run saves them null: today
+# ``pad_to_multiple``; ``max_tokens`` and ``accumulate`` in checkpoints from before they lost their null. A run that
+# saved the null leaves its value unknown, so it is not compared.
 DEVICE_DEFAULTS = ("training.pad_to_multiple", "training.max_tokens", "training.accumulate")
 # Model settings read only when a run starts (GloVe vectors are copied in once, never on resume).
 RESUME_INIT_ONLY = ("model.glove.path", "model.glove.rescale")

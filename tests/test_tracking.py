@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sys
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -23,6 +24,18 @@ def test_scalars_and_text_are_written(tmp_path):
     [loss] = events.Scalars("train/loss")
     assert (loss.step, loss.value) == (3, 2.5)
     assert events.Scalars("test/bleu")[0].step == 9
+
+
+def test_an_image_is_written_height_width_channels(tmp_path):
+    picture = np.zeros((5, 7, 3), dtype=np.uint8)  # 5 high, 7 wide
+    picture[:, :, 0] = 255
+    tracker = Tracker(tmp_path / "tb", enabled=True)
+    tracker.image("valid/alignment", picture, 4)
+    tracker.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    [image] = events.Images("valid/alignment")
+    assert (image.step, image.height, image.width) == (4, 5, 7)
 
 
 def test_disabled_tracker_and_bar_do_nothing(tmp_path):

@@ -28,23 +28,18 @@ N_BLEU = 6  # sentences translated for BLEU
 
 
 @dataclass
-class RecordingWriter:
-    images: list[tuple[str, tuple[int, ...], int, str]] = field(default_factory=list)
-
-    def add_image(self, tag: str, image: np.ndarray, step: int, dataformats: str) -> None:
-        self.images.append((tag, image.shape, step, dataformats))
-
-
-@dataclass
 class RecordingTracker:
     """The part of ``Tracker`` validation uses, keeping what it is given."""
 
     enabled: bool = True
     texts: list[tuple[str, str, int]] = field(default_factory=list)
-    writer: RecordingWriter = field(default_factory=RecordingWriter)
+    images: list[tuple[str, np.ndarray, int]] = field(default_factory=list)
 
     def text(self, tag: str, text: str, step: int) -> None:
         self.texts.append((tag, text, step))
+
+    def image(self, tag: str, image: np.ndarray, step: int) -> None:
+        self.images.append((tag, image, step))
 
 
 def _texts(n: int, seed: int, words: list[str]) -> list[str]:
@@ -134,8 +129,8 @@ def test_samples_and_the_alignment_of_the_first_sentence_are_logged(monkeypatch)
     assert src_ids == SRC_TOK.encode(long_first)[: AttentionDumpConfig().max_tokens]
     hypothesis = rows[2].rsplit(" | ", 1)[1].removesuffix(" |")
     assert tgt_ids == TGT_TOK.encode(hypothesis)
-    (image_tag, shape, image_step, layout), = tracker.writer.images
-    assert (image_tag, image_step, layout, len(shape), shape[2]) == ("valid/alignment", 11, "HWC", 3, 3)
+    (image_tag, image, image_step), = tracker.images
+    assert (image_tag, image_step, image.ndim, image.shape[2], image.dtype) == ("valid/alignment", 11, 3, 3, np.uint8)
 
 
 def test_a_disabled_tracker_draws_nothing(monkeypatch) -> None:
@@ -143,4 +138,4 @@ def test_a_disabled_tracker_draws_nothing(monkeypatch) -> None:
     tracker = RecordingTracker(enabled=False)
     src, ref = _texts(4, 0, SRC_WORDS), _texts(4, 1, [f"w{i}" for i in range(20)])
     metrics = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, **_settings(_config()), tracker=tracker)(_model(), 1)
-    assert set(metrics) == {"loss", "ppl", "bleu", "chrf"} and tracker.writer.images == []
+    assert set(metrics) == {"loss", "ppl", "bleu", "chrf"} and tracker.images == []

@@ -12,7 +12,6 @@ A disabled tracker accepts every call and does nothing, so callers never branch 
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,6 @@ from typing import Any
 import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
-
-log = logging.getLogger(__name__)
 
 TRAIN_MINUTES = "train/minutes"
 
@@ -57,11 +54,6 @@ class Tracker:
         if self._writer is not None:
             self._writer.add_image(tag, image, step, dataformats="HWC")
 
-    def figure(self, tag: str, figure: Any, step: int) -> None:
-        """Log a matplotlib figure (closed afterwards)."""
-        if self._writer is not None:
-            self._writer.add_figure(tag, figure, step, close=True)
-
     def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
         """Log a run's hyper-parameters with its final metrics (TensorBoard's HPARAMS tab).
 
@@ -88,9 +80,9 @@ class ProgressBar:
     Shown only when stderr is a terminal: redrawn bars would fill a redirected log with carriage returns.
     """
 
-    def __init__(self, total: int | None, *, enabled: bool, desc: str = "train", initial: int = 0) -> None:
+    def __init__(self, total: int | None, *, enabled: bool, desc: str = "train") -> None:
         enabled = enabled and sys.stderr.isatty()
-        self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, leave=False) if enabled else None
+        self._bar = tqdm(total=total, desc=desc, dynamic_ncols=True, leave=False) if enabled else None
 
     def update(self, n: int = 1, *, loss: float | None = None, tokens_per_s: float | None = None) -> None:
         if self._bar is None:
@@ -103,13 +95,6 @@ class ProgressBar:
         if postfix:
             self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(n)
-
-    def write(self, message: str) -> None:
-        """Print a line without breaking the bar (or log it when disabled)."""
-        if self._bar is None:
-            log.info(message)
-        else:
-            self._bar.write(message)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -79,4 +79,4 @@ def _log_attention(tracker: Tracker, model: nn.Module, src_tok: Tokenizer, tgt_t
         src_pieces=[src_tok.id_to_piece(i) for i in src_ids], tgt_pieces=[tgt_tok.id_to_piece(i) for i in tgt_ids],
         bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, pad_id=src_tok.pad_id,
     )
-    tracker.writer.add_image("valid/alignment", figure_to_array(alignment_figure(maps)), step, dataformats="HWC")
+    tracker.image("valid/alignment", figure_to_array(alignment_figure(maps)), step)

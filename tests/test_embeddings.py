@@ -80,7 +80,7 @@ def test_rotary_positions_rotate_each_pair_by_position_times_its_frequency() -> 
 
 def test_rotary_scores_depend_only_on_the_position_difference() -> None:
     gen = torch.Generator().manual_seed(0)
-    rope = RotaryPositions(d_head=6, max_positions=64)
+    rope = RotaryPositions(d_head=6, max_positions=64, base=10000.0)
     q, k = torch.randn(1, 1, 1, 6, generator=gen), torch.randn(1, 1, 1, 6, generator=gen)
 
     def score(m: int, n: int) -> float:

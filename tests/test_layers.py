@@ -14,7 +14,7 @@ PAD = 0
 
 def _sizes(norm: NormPosition = NormPosition.pre) -> LayerSizes:
     return LayerSizes(d_model=8, n_heads=2, d_head=4, d_ff=16, dropout=0.0, attention_dropout=0.0,
-                      hidden_dropout=0.0, activation=Activation.relu, norm=norm)
+                      hidden_dropout=0.0, activation=Activation.relu, norm=norm, max_positions=16)
 
 
 def test_feed_forward_by_hand() -> None:

@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunDir:
-    """The layout of one training run directory; every file name in it is spelled here and nowhere else.
+    """The layout of one training run directory; its file names are spelled here (and ``checkpoints`` once more
+    in ``app.before_hydra``, whose checks run before torch is imported).
 
     ``train.log`` is Hydra's job log (``hydra.job.name`` is ``train``); a resumed run appends to it.
     """

@@ -17,6 +17,7 @@ from typing import Any, Optional, TypeVar
 from omegaconf import OmegaConf
 
 T = TypeVar("T")
+GPU_PAD_MULTIPLE = 8  # training.pad_to_multiple when unset on a GPU (tensor cores like multiples of 8); 1 on a CPU
 
 
 class ConfigError(ValueError):
@@ -409,7 +410,7 @@ class TrainConfig:
         if self.model.share_embeddings:
             check(self.data.tokenizer.joint, "model.share_embeddings",
                   "needs one joint vocabulary (data.tokenizer.joint=true)")
-        multiple = self.training.pad_to_multiple or 8  # unset: 8 on a GPU, the larger default
+        multiple = self.training.pad_to_multiple or GPU_PAD_MULTIPLE  # unset: the larger of the two defaults
         longest = -(-(self.data.max_len + 1) // multiple) * multiple  # BOS or EOS added, rounded up to the multiple
         check(longest <= self.model.max_positions, "model.max_positions",
               f"is {self.model.max_positions}, but training batches can be {longest} positions long "

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from transformer.config import ConfigError, EvalConfig, Precision, TrainingConfig
+from transformer.config import GPU_PAD_MULTIPLE, ConfigError, EvalConfig, Precision, TrainingConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def resolve_training(cfg: TrainingConfig, device: torch.device, world_size: int 
     graphs = cfg.cuda_graphs
     if graphs is None:
         graphs = gpu and world_size == 1 and cfg.accumulate == 1 and not cfg.compile
-    pad = cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (8 if gpu else 1)
+    pad = cfg.pad_to_multiple if cfg.pad_to_multiple is not None else (GPU_PAD_MULTIPLE if gpu else 1)
     return replace(cfg, pad_to_multiple=pad, cuda_graphs=graphs)
 
 

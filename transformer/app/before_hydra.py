@@ -90,11 +90,18 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     if command == "train" and not resumes_it and any((folder / "checkpoints").glob("*.pt")):
         sys.exit(f"hydra.run.dir: {folder} already holds a run's checkpoints, which a new run would overwrite; "
                  f"continue it with resume={folder}, or train into another directory")
-    # .hydra/ and a log alone are a refused command's: nothing of value, so a retry may reuse the folder.
+    if command == "evaluate" and given.get("overwrite") is not True and (taken := results_in(folder)):
+        sys.exit(f"hydra.run.dir: {folder} {taken}")
+
+
+def results_in(folder: Path) -> str | None:
+    """What an evaluation into ``folder`` would overwrite, said as the rest of a refusal, or None. ``.hydra/`` and
+    a log alone are a refused command's: nothing of value, so a retry may reuse the folder."""
     taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints") if (folder / name).exists()]
-    if command == "evaluate" and taken and given.get("overwrite") is not True:
-        sys.exit(f"hydra.run.dir: {folder} already holds {', '.join(taken)} (a training run's or an earlier "
-                 "evaluation's); evaluate into a new folder, or overwrite=true to write into it")
+    if not taken:
+        return None
+    return (f"already holds {', '.join(taken)} (a training run's or an earlier evaluation's); evaluate into a new "
+            "folder, or overwrite=true to write into it")
 
 
 def refuse_unwritable_run_folders(argv: list[str]) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer import files
+from transformer.app.before_hydra import results_in
 from transformer.app.schemas import EvaluateConfig, ExportConfig, PrepareDataConfig, TranslateConfig
 from transformer.app.text_files import check_output_file, read_lines
 from transformer.config import ConfigError, ModelConfig, TrainConfig, flatten, from_plain_dict, to_plain_dict
@@ -307,10 +308,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     """Score a trained model (or an export) on its test split (or another split, or given files) and dump the
     requested attention maps."""
     out = Path(cfg.output_dir)
-    taken = [name for name in ("metrics.json", "hypotheses.txt", "checkpoints") if (out / name).exists()]
-    if taken and not cfg.overwrite:
-        raise ConfigError(f"output_dir: {out} already holds {', '.join(taken)} (a training run's or an earlier "
-                          "evaluation's); evaluate into a new folder, or overwrite=true to replace them")
+    if not cfg.overwrite and (taken := results_in(out)):
+        raise ConfigError(f"output_dir: {out} {taken}")
     for key in ("src_file", "ref_file"):  # before the model is loaded
         if (path := getattr(cfg, key)) is not None and not Path(path).is_file():
             raise ConfigError(f"{key}: {path} is not a file")

@@ -55,8 +55,8 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
     order. The score is the hypothesis's log-probability normalized as ``cfg.length_norm`` says.
 
     Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
-    batches of ``cfg.batch_size`` (by default 64 on a CPU, 512 on a GPU). An empty (or all-whitespace) line gives ``n_best`` empty strings
-    (score 0) without running the model. A line longer than ``max_positions`` tokens is cut to that length with a
+    batches of :func:`~transformer.runtime.decode_batch_size` sentences. An empty (or all-whitespace) line gives
+    ``n_best`` empty strings (score 0) without running the model. A line longer than ``max_positions`` tokens is cut to that length with a
     warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's position limit).
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.

@@ -131,7 +131,7 @@ class RotaryPositions(nn.Module):
     The cos/sin tables are a non-persistent buffer (a pure function of the sizes, not in checkpoints).
     """
 
-    def __init__(self, d_head: int, max_positions: int, base: float = 10000.0) -> None:
+    def __init__(self, d_head: int, max_positions: int, base: float) -> None:
         super().__init__()
         if d_head % 2:
             raise ValueError(f"RotaryPositions: d_head must be even, got {d_head}")

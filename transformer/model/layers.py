@@ -72,9 +72,9 @@ class LayerSizes:
     hidden_dropout: float  # the feed-forward hidden layer's
     activation: Activation
     norm: NormPosition
+    max_positions: int  # the longest sequence (the rotary tables' length)
     score: AttentionScore = AttentionScore.scaled_dot
     rope_base: float | None = None  # positions=rope: self-attention rotates queries and keys (None: it does not)
-    max_positions: int = 1024
     max_relative_distance: int | None = None  # positions=relative: self-attention adds r_{j-i} (None: it does not)
 
     def self_attention(self) -> MultiHeadAttention:

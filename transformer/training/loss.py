@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+CPU_LOSS_CHUNK = 512  # target positions per chunk of the fused projection and loss on a CPU (a GPU takes more)
+
 
 def label_smoothed_cross_entropy(
     logits: Tensor, target: Tensor, *, smoothing: float, pad_id: int
@@ -67,7 +69,7 @@ def label_smoothed_sums(logits: Tensor, target: Tensor, *, smoothing: float, pad
 
 
 def projected_label_smoothed_sums(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
-                                  smoothing: float, pad_id: int, chunk_size: int = 512,
+                                  smoothing: float, pad_id: int, chunk_size: int = CPU_LOSS_CHUNK,
                                   positions: Tensor | None = None, dense: bool = False,
                                   consistency: float = 0.0) -> tuple[Tensor, Tensor]:
     """:func:`label_smoothed_sums` of ``F.linear(hidden, weight, bias)``, without materialising the logits.

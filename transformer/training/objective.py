@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.model.transformer import Transformer
-from transformer.training.loss import projected_label_smoothed_sums
+from transformer.training.loss import CPU_LOSS_CHUNK, projected_label_smoothed_sums
 
 
 class TranslationObjective(nn.Module):
@@ -29,8 +29,8 @@ class TranslationObjective(nn.Module):
         loss_chunk: positions per chunk of the fused projection and loss.
     """
 
-    def __init__(self, model: Transformer, *, label_smoothing: float = 0.0, r_drop: float = 0.0,
-                 loss_chunk: int = 512) -> None:
+    def __init__(self, model: Transformer, *, label_smoothing: float, r_drop: float = 0.0,
+                 loss_chunk: int = CPU_LOSS_CHUNK) -> None:
         super().__init__()
         self.model = model
         self.label_smoothing, self.r_drop, self.loss_chunk = label_smoothing, r_drop, loss_chunk

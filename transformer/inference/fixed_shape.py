@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import LengthNorm
-from transformer.inference.search import Hypothesis, _expand, _finalize, _select, max_lengths
+from transformer.inference.search import Hypothesis, expand_beams, finalize_hypothesis, max_lengths, select_beams
 from transformer.inference.search import length_penalty as length_penalty_of
 from transformer.model.transformer import Transformer, select_encoder_output
 
@@ -85,7 +85,7 @@ def fixed_shape_greedy(model: Transformer, src: Tensor, *, pad_id: int, bos_id: 
     _run(step, steps, done, check_every, use_graph, device)
     lengths, log_probs, by_eos = length.tolist(), summed.tolist(), ended.tolist()
     ids = tokens.tolist()
-    return [_finalize(ids[row][: lengths[row]], log_probs[row], by_eos[row], length_penalty, length_norm)
+    return [finalize_hypothesis(ids[row][: lengths[row]], log_probs[row], by_eos[row], length_penalty, length_norm)
             for row in range(rows)]
 
 
@@ -136,8 +136,8 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
 
     def step() -> None:
         logits = model.decode(token, enc, cache).logits[:, -1].float() + banned  # (rows, vocab)
-        cand = _expand(alive, F.log_softmax(logits, dim=-1))  # (batch, k) each
-        finishing, order = _select(cand, beam, eos_id)
+        cand = expand_beams(alive, F.log_softmax(logits, dim=-1))  # (batch, k) each
+        finishing, order = select_beams(cand, beam, eos_id)
         generated = cache.position  # (1,): tokens generated so far, this step's included (decode advanced it)
         penalty = penalties.index_select(0, generated)  # the length counts the EOS, or is the limit
         n_finished.add_(finishing.sum(dim=1))
@@ -218,7 +218,7 @@ class _Finished:
         """The ``n_best`` best of each sentence, read back once."""
         scores, log_probs, tokens = self.score.tolist(), self.log_prob.tolist(), self.tokens.tolist()
         lengths, ended = self.length.tolist(), self.ended.tolist()
-        return [[_finalize(tokens[i][j][: lengths[i][j]], log_probs[i][j], ended[i][j], alpha, norm)
+        return [[finalize_hypothesis(tokens[i][j][: lengths[i][j]], log_probs[i][j], ended[i][j], alpha, norm)
                  for j in range(n_best) if scores[i][j] > -math.inf] for i in range(len(scores))]
 
 

@@ -98,7 +98,7 @@ def max_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: float,
     return limits if max_tgt_len is None else [min(limit, max_tgt_len) for limit in limits]
 
 
-def _finalize(tokens: list[int], log_prob: float, ended: bool, alpha: float, norm: LengthNorm) -> Hypothesis:
+def finalize_hypothesis(tokens: list[int], log_prob: float, ended: bool, alpha: float, norm: LengthNorm) -> Hypothesis:
     """A hypothesis from its tokens (EOS excluded) and raw log-prob; EOS counts in the length."""
     length = len(tokens) + (1 if ended else 0)
     return Hypothesis(tokens, log_prob / length_penalty(max(length, 1), alpha, norm), log_prob)
@@ -185,7 +185,7 @@ def greedy_hypotheses(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, 
             if token == eos_id or len(generated[row]) + 1 >= limits[s]:
                 ended = token == eos_id
                 tokens = generated[row] if ended else generated[row] + [token]
-                results[s] = _finalize(tokens, summed[row], ended, length_penalty, length_norm)
+                results[s] = finalize_hypothesis(tokens, summed[row], ended, length_penalty, length_norm)
                 live[row], n_finished = None, n_finished + 1
             else:
                 generated[row].append(token)
@@ -205,7 +205,7 @@ def greedy_hypotheses(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, 
 
 
 @dataclass
-class _Candidates:
+class Candidates:
     """The 2·beam best one-token continuations of each live sentence (by raw log-prob)."""
 
     log_prob: Tensor  # (sentences, k) cumulative log-prob, sorted descending
@@ -213,7 +213,7 @@ class _Candidates:
     token: Tensor  # (sentences, k) the appended token
 
 
-def _expand(beam_log_prob: Tensor, step_log_probs: Tensor) -> _Candidates:
+def expand_beams(beam_log_prob: Tensor, step_log_probs: Tensor) -> Candidates:
     """Score every (hypothesis, token) pair and keep the best ``2 * beam`` per sentence.
 
     Args:
@@ -225,10 +225,10 @@ def _expand(beam_log_prob: Tensor, step_log_probs: Tensor) -> _Candidates:
     total = beam_log_prob.unsqueeze(-1) + step_log_probs.view(n, beam, vocab)  # (sentences, beam, vocab)
     k = min(2 * beam, beam * vocab)
     best, flat = total.view(n, beam * vocab).topk(k, dim=1)  # (sentences, k)
-    return _Candidates(best, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab)
+    return Candidates(best, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab)
 
 
-def _select(cand: _Candidates, beam: int, eos_id: int) -> tuple[Tensor, Tensor]:
+def select_beams(cand: Candidates, beam: int, eos_id: int) -> tuple[Tensor, Tensor]:
     """Split candidates into finished ones and the next alive beam.
 
     Returns:
@@ -277,7 +277,7 @@ class _StepOnHost:
     log_prob: np.ndarray  # (sentences, beam) the new beam's log-probs (-inf: empty slot)
 
     @classmethod
-    def fetch(cls, cand: _Candidates, finishing: Tensor, token: Tensor, parent: Tensor, log_prob: Tensor) -> _StepOnHost:
+    def fetch(cls, cand: Candidates, finishing: Tensor, token: Tensor, parent: Tensor, log_prob: Tensor) -> _StepOnHost:
         k, beam = cand.token.size(1), token.size(1)
         packed = torch.cat([cand.log_prob.double(), cand.parent.double(), finishing.double(), token.double(),
                             parent.double(), log_prob.double()], dim=1).cpu().numpy()  # (sentences, 3k + 3 beam)
@@ -317,8 +317,8 @@ def beam_search(model: Decoder, src: Tensor, *, beam_size: int, n_best: int, len
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     while state.sentences:
         log_probs, cache = _step_log_probs(model, state.prefix, enc, cache, (pad_id, bos_id))
-        cand = _expand(state.log_prob, log_probs)
-        finishing, order = _select(cand, beam, eos_id)
+        cand = expand_beams(state.log_prob, log_probs)
+        finishing, order = select_beams(cand, beam, eos_id)
         rows, step = _advance(state, cand, order, finishing, eos_id)
         _collect_finished(state, step, beam, finished, alpha, norm)
         state.tokens = np.concatenate([state.tokens[_parent_rows(step.parent, beam)], step.token.reshape(-1, 1)], 1)
@@ -350,10 +350,10 @@ def _collect_finished(state: _Beams, step: _StepOnHost, beam: int, finished: lis
     previous step's)."""
     for i, j in zip(*np.nonzero(step.finishing)):
         tokens = state.tokens[i * beam + step.cand_parent[i, j]].tolist()
-        finished[state.sentences[i]].append(_finalize(tokens, float(step.cand_log_prob[i, j]), True, alpha, norm))
+        finished[state.sentences[i]].append(finalize_hypothesis(tokens, float(step.cand_log_prob[i, j]), True, alpha, norm))
 
 
-def _advance(state: _Beams, cand: _Candidates, order: Tensor, finishing: Tensor,
+def _advance(state: _Beams, cand: Candidates, order: Tensor, finishing: Tensor,
              eos_id: int) -> tuple[Tensor, _StepOnHost]:
     """Make the selected candidates the new beam on the device; returns (rows,) the parent row of each new row
     and the step's decisions on the host."""
@@ -379,7 +379,7 @@ def _collect_at_limit(state: _Beams, log_prob: np.ndarray, limits: list[int], fi
         if n_generated >= limits[s]:
             for b, lp in enumerate(log_prob[i].tolist()):
                 if lp > -math.inf:
-                    finished[s].append(_finalize(state.tokens[i * beam + b].tolist(), lp, False, alpha, norm))
+                    finished[s].append(finalize_hypothesis(state.tokens[i * beam + b].tolist(), lp, False, alpha, norm))
             done.append(True)
         else:
             done.append(_sentence_done(finished[s], float(alive_best[i]), beam, n_best, limits[s], alpha, norm))

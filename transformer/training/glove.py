@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from transformer.config import ConfigError, GloveConfig
+from transformer.config import ConfigError, GloveConfig, GloveSide
 
 if TYPE_CHECKING:  # annotations only
     from transformer.data.corpus import TranslationDataset
@@ -305,7 +305,7 @@ def check_dimension(glove: GloveConfig, d_model: int) -> None:
 def _sides(model: Transformer, glove: GloveConfig) -> list[tuple[str, nn.Embedding]]:
     """``(side, embedding)`` for the sides ``glove.side`` names, source first."""
     embeddings = [("src", model.src_token_embedding), ("tgt", model.tgt_token_embedding)]
-    return [(side, embedding) for side, embedding in embeddings if glove.side.value in (side, "both")]
+    return [(side, embedding) for side, embedding in embeddings if glove.side in (GloveSide(side), GloveSide.both)]
 
 
 def piece_counts(tokens: np.ndarray, tok: Tokenizer) -> dict[str, int]:

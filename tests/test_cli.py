@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import CONFIG_DIR, REPO
 
-from transformer.app import cli, pipeline
+from transformer.app import cli, failures, pipeline
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, TrainConfig
 from transformer.data.corpus import DataError
@@ -56,8 +56,8 @@ def test_an_interrupt_or_a_path_that_cannot_be_written_is_one_line(compose_confi
     def command(cfg: TrainConfig) -> None:
         raise error
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
-        cli._run(command, compose_config("train", RUN))
+    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+        failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == code and [r.getMessage() for r in caplog.records] == [message]
 
 
@@ -68,7 +68,7 @@ def test_the_command_gets_the_typed_config_and_its_result_is_returned(compose_co
         seen.append(cfg)
         return "done"
 
-    assert cli._run(command, compose_config("train", ["training.lr=0.5", *RUN])) == "done"
+    assert failures.run_command(command, compose_config("train", ["training.lr=0.5", *RUN])) == "done"
     assert isinstance(seen[0], TrainConfig) and seen[0].training.lr == 0.5
 
 
@@ -76,8 +76,8 @@ def test_a_range_error_is_one_logged_line_and_exit_status_1(compose_config, capl
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with an invalid config")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
-        cli._run(command, compose_config("train", ["training.lr=-1", *RUN]))
+    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+        failures.run_command(command, compose_config("train", ["training.lr=-1", *RUN]))
     assert exit_info.value.code == 1
     assert [r.getMessage() for r in caplog.records] == ["training.lr: must be > 0, got -1.0"]
 
@@ -91,8 +91,8 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with a setting nothing reads")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
-        cli._run(command, compose_config("train", [override, *RUN]))
+    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+        failures.run_command(command, compose_config("train", [override, *RUN]))
     assert exit_info.value.code == 1
     assert caplog.records[0].getMessage().startswith(message)
 
@@ -155,8 +155,8 @@ def test_user_errors_raised_by_the_command_exit_with_status_1(compose_config, ca
     def command(cfg: TrainConfig) -> None:
         raise error
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
-        cli._run(command, compose_config("train", RUN))
+    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+        failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == 1 and caplog.records[-1].getMessage() == str(error)
 
 
@@ -164,8 +164,8 @@ def test_an_interpolation_that_does_not_resolve_is_one_line(compose_config, capl
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with an unresolved config")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
-        cli._run(command, compose_config("train", ["training.lr=${oops}", *RUN]))
+    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+        failures.run_command(command, compose_config("train", ["training.lr=${oops}", *RUN]))
     assert exit_info.value.code == 1
     assert "oops" in caplog.records[-1].getMessage() and "training.lr" in caplog.records[-1].getMessage()
 
@@ -174,8 +174,8 @@ def test_an_interrupted_command_ends_in_one_line_and_exit_status_130(compose_con
     def command(cfg: TrainConfig) -> None:
         raise KeyboardInterrupt("interrupted at step 7; saved run/checkpoints/last.pt (resume=run continues it)")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
-        cli._run(command, compose_config("train", RUN))
+    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+        failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == 130
     assert caplog.records[-1].getMessage() == ("interrupted at step 7; saved run/checkpoints/last.pt (resume=run "
                                                "continues it)")
@@ -186,7 +186,7 @@ def test_other_errors_keep_their_traceback(compose_config) -> None:
         raise RuntimeError("a bug")
 
     with pytest.raises(RuntimeError, match="a bug"):
-        cli._run(command, compose_config("train", RUN))
+        failures.run_command(command, compose_config("train", RUN))
 
 
 def test_average_interrupted_says_its_output_was_not_written(monkeypatch) -> None:
@@ -420,8 +420,8 @@ def test_a_full_disk_ends_the_command_in_one_line_naming_enospc(compose_config, 
     def command(cfg: TrainConfig) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", "data/cache/corpus/x/src_tokens.npy")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.cli"), pytest.raises(SystemExit) as exit_info:
-        cli._run(command, compose_config("train", RUN))
+    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+        failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == 1
     assert [r.getMessage() for r in caplog.records] == [
         "no space left on device (ENOSPC) while writing data/cache/corpus/x/src_tokens.npy; free space and run the "

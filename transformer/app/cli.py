@@ -1,5 +1,5 @@
 """Console entry points (``transformer-train`` & co.): compose the Hydra config, convert it once to typed
-dataclasses, call one ``pipeline`` function, and turn expected failures into a one-line message.
+dataclasses and call one ``pipeline`` function; an expected failure ends in one line (:mod:`.failures`).
 
 The config root is the repository's ``configs/`` folder when the package runs from a source tree (an editable
 install, or ``PYTHONPATH``), else the copy of it that a wheel installs inside the package (``transformer/configs``).
@@ -7,13 +7,11 @@ install, or ``PYTHONPATH``), else the copy of it that a wheel installs inside th
 
 from __future__ import annotations
 
-import errno
 import logging
-import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -21,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from transformer.app import before_hydra, schemas
 from transformer.app.before_hydra import overrides_given
+from transformer.app.failures import PATH_ERRORS, path_error_line, run_command, user_errors
 
 log = logging.getLogger(__name__)
 
@@ -36,111 +35,6 @@ def config_root() -> Path:
 
 # An absolute path: Hydra would otherwise look for a Python package named ``configs``.
 CONFIG_PATH = str(config_root())
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Failures that deserve a clear message rather than a traceback."""
-    from hydra.errors import HydraException  # e.g. composing a resumed run's recipe that no longer composes
-
-    from transformer.checkpoint import CheckpointError
-    from transformer.config import ConfigError
-    from transformer.data.corpus import DataError
-    from transformer.data.tokenizer import TokenizerError
-    from transformer.files import DiskFullError
-    from transformer.training.glove import GloveError
-    from transformer.training.step_window import TrainingDiverged
-
-    return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError,
-            DiskFullError, HydraException, OmegaConfBaseException)
-
-
-def _run(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
-         prepare: Callable[[DictConfig], DictConfig] | None = None) -> Any:
-    """``command`` on the typed config (``typed=False``: on ``cfg`` as it is; ``prepare``: on ``prepare(cfg)``), a
-    user error as one logged line."""
-    try:
-        if prepare is not None:
-            cfg = prepare(cfg)
-        if typed:
-            cfg = OmegaConf.to_object(cfg)  # runs every __post_init__ check
-            schemas.refuse_unknown_keys(cfg)
-        return command(cfg)
-    except _user_errors() as error:
-        if isinstance(error, OSError):  # a full disk: the run's log file may be on it, so its handler fails quietly
-            logging.raiseExceptions = False
-        log.error("%s", _one_line(error))  # to the console and, for runs with a directory, to its log file
-        _forget_refused_run()
-        sys.exit(1)
-    except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say), a folder
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # not writable, a file where a folder should be
-            logging.raiseExceptions = False  # the run's log file may be on the full disk: its handler fails quietly
-            log.error("no space left on device (ENOSPC) while writing %s; free space and run the command again",
-                      error.filename or "a file")
-        elif error.errno in _PATH_ERRORS and error.filename:
-            log.error("%s", _path_error_line(error))
-        else:
-            raise
-        _forget_refused_run()
-        sys.exit(1)
-    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
-        log.error("%s", str(interrupt) or "interrupted; what this command writes is written whole or not at all")
-        sys.exit(130)
-
-
-# errors of a path that the user names: a folder not writable or not there, a file where a folder should be
-_PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
-
-
-def _path_error_line(error: OSError) -> str:
-    """One line naming the path of a failed file operation and why; the folder for a file or folder written in it
-    under a temporary name (``.NAME.XXXXXXXX[.tmp]``, see ``transformer.files``) before taking its own."""
-    path = Path(str(error.filename2 or error.filename))  # a rename's target, else the file operated on
-    reason = {errno.EEXIST: "a file is there, where a folder should be made",
-              errno.ENOTDIR: "a part of this path is a file, not a folder"}.get(error.errno or 0)
-    reason = reason or (error.strerror or str(error)).lower()
-    if re.fullmatch(r"\..+\.([a-z0-9_]{8}(\.tmp|\.part)?|link\.tmp)", path.name):  # tempfile's 8 random characters
-        return f"cannot write in {path.parent}: {reason}"
-    return f"{path}: {reason}"
-
-
-def _one_line(error: BaseException) -> str:
-    """An error's message; OmegaConf's (an interpolation that does not resolve, a value of the wrong type) as the key
-    and the first line, where it is a paragraph naming the key on its second."""
-    key = getattr(error, "full_key", None) if isinstance(error, OmegaConfBaseException) else None
-    if not key:
-        return str(error)
-    reason = str(getattr(error, "msg", error)).strip().splitlines()[0]
-    if (variable := re.search(r"Environment variable '(\w+)' not found", reason)) is not None:
-        return (f"{key}: the environment variable {variable[1]} is not set; set it, or give {key}=... on the "
-                "command line")
-    return f"{key}: {reason}"
-
-
-def _forget_refused_run() -> None:
-    """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``) and
-    it holds nothing but Hydra's record and the log, and the folders above it left empty: listings of runs show only
-    runs that started. A folder named with ``hydra.run.dir`` keeps its log, which says why the command was
-    refused."""
-    import shutil
-
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return
-    hydra_cfg = HydraConfig.get()
-    if (hydra_cfg.mode != RunMode.RUN or hydra_cfg.output_subdir is None
-            or "hydra.run.dir" in overrides_given(list(hydra_cfg.overrides.hydra))):
-        return
-    run = Path(hydra_cfg.runtime.output_dir)
-    made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
-    here = Path.cwd().resolve()
-    if run.is_dir() and run.resolve() != here and {p.name for p in run.iterdir()} <= made:
-        shutil.rmtree(run, ignore_errors=True)
-        for parent in run.resolve().parents:  # outputs/<task>/ as well, where Hydra made it for this run alone
-            if parent == here or here not in parent.parents or any(parent.iterdir()):
-                break
-            parent.rmdir()
 
 
 def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:
@@ -215,7 +109,7 @@ def _train(cfg: DictConfig) -> float | None:
         schemas.refuse_unknown_keys(typed)
         return pipeline.train(typed, recipe)
 
-    metrics = _run(train, cfg, typed=False)
+    metrics = run_command(train, cfg, typed=False)
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
 
 
@@ -267,49 +161,49 @@ def _one_kind_of_source(cfg: Any) -> Any:
 def _evaluate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(lambda typed: pipeline.evaluate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
+    run_command(lambda typed: pipeline.evaluate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="translate", version_base="1.3")
 def _translate(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(lambda typed: pipeline.translate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
+    run_command(lambda typed: pipeline.translate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="serve", version_base="1.3")
 def _serve(cfg: DictConfig) -> None:
     from transformer.app import server
 
-    _run(lambda typed: server.serve(_one_kind_of_source(typed)), cfg, prepare=_export_search)
+    run_command(lambda typed: server.serve(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="diversify", version_base="1.3")
 def _diversify(cfg: DictConfig) -> None:
     from transformer.app import diversify
 
-    _run(diversify.run, cfg)
+    run_command(diversify.run, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="prepare_data", version_base="1.3")
 def _prepare_data(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(pipeline.prepare_data, cfg)
+    run_command(pipeline.prepare_data, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="export", version_base="1.3")
 def _export(cfg: DictConfig) -> None:
     from transformer.app import pipeline
 
-    _run(pipeline.export, cfg)
+    run_command(pipeline.export, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="benchmark", version_base="1.3")
 def _benchmark(cfg: DictConfig) -> None:
     from transformer.app import benchmark
 
-    _run(benchmark.run, cfg)
+    run_command(benchmark.run, cfg)
 
 
 def _setup(schema: type | None = None, command: str = "") -> None:
@@ -389,12 +283,12 @@ def average_main() -> None:
         pipeline.average(sys.argv[2:], sys.argv[1])
     except KeyboardInterrupt:
         sys.exit(f"transformer-average: interrupted; {sys.argv[1]} was not written")
-    except _user_errors() as error:
+    except user_errors() as error:
         sys.exit(f"transformer-average: {error}")
     except OSError as error:
-        if error.errno not in _PATH_ERRORS or not error.filename:
+        if error.errno not in PATH_ERRORS or not error.filename:
             raise
-        sys.exit(f"transformer-average: {_path_error_line(error)}")
+        sys.exit(f"transformer-average: {path_error_line(error)}")
 
 
 def recipe_main() -> None:
@@ -434,6 +328,6 @@ def recipe_main() -> None:
     except KeyboardInterrupt as interrupted:  # RecipeInterrupted, or an interrupt outside the runs' training
         log.error("%s", str(interrupted) or "interrupted: run the recipe again, with the same overrides, to resume")
         sys.exit(130)
-    except (RunFailed, *_user_errors()) as error:
+    except (RunFailed, *user_errors()) as error:
         log.error("%s", error)
         sys.exit(1)

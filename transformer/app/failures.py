@@ -1,0 +1,125 @@
+"""How a command ends when it fails: an expected failure (a bad config value, file or checkpoint, a path that
+cannot be written, a full disk, Ctrl-C) as one logged line and an exit status, 1 or 130; anything else keeps its
+traceback. The run folder Hydra made for a command refused at once is removed again."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from transformer.app import schemas
+from transformer.app.before_hydra import overrides_given
+
+log = logging.getLogger(__name__)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Failures that deserve a clear message rather than a traceback."""
+    from hydra.errors import HydraException  # e.g. composing a resumed run's recipe that no longer composes
+
+    from transformer.checkpoint import CheckpointError
+    from transformer.config import ConfigError
+    from transformer.data.corpus import DataError
+    from transformer.data.tokenizer import TokenizerError
+    from transformer.files import DiskFullError
+    from transformer.training.glove import GloveError
+    from transformer.training.step_window import TrainingDiverged
+
+    return (ConfigError, DataError, GloveError, CheckpointError, TokenizerError, TrainingDiverged, FileNotFoundError,
+            DiskFullError, HydraException, OmegaConfBaseException)
+
+
+def run_command(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
+                prepare: Callable[[DictConfig], DictConfig] | None = None) -> Any:
+    """``command`` on the typed config (``typed=False``: on ``cfg`` as it is; ``prepare``: on ``prepare(cfg)``), a
+    user error as one logged line."""
+    try:
+        if prepare is not None:
+            cfg = prepare(cfg)
+        if typed:
+            cfg = OmegaConf.to_object(cfg)  # runs every __post_init__ check
+            schemas.refuse_unknown_keys(cfg)
+        return command(cfg)
+    except user_errors() as error:
+        if isinstance(error, OSError):  # a full disk: the run's log file may be on it, so its handler fails quietly
+            logging.raiseExceptions = False
+        log.error("%s", one_line(error))  # to the console and, for runs with a directory, to its log file
+        forget_refused_run()
+        sys.exit(1)
+    except OSError as error:  # a full disk met by a write of its own (the corpus cache's arrays, say), a folder
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):  # not writable, a file where a folder should be
+            logging.raiseExceptions = False  # the run's log file may be on the full disk: its handler fails quietly
+            log.error("no space left on device (ENOSPC) while writing %s; free space and run the command again",
+                      error.filename or "a file")
+        elif error.errno in PATH_ERRORS and error.filename:
+            log.error("%s", path_error_line(error))
+        else:
+            raise
+        forget_refused_run()
+        sys.exit(1)
+    except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
+        log.error("%s", str(interrupt) or "interrupted; what this command writes is written whole or not at all")
+        sys.exit(130)
+
+
+# errors of a path that the user names: a folder not writable or not there, a file where a folder should be
+PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
+
+
+def path_error_line(error: OSError) -> str:
+    """One line naming the path of a failed file operation and why; the folder for a file or folder written in it
+    under a temporary name (``.NAME.XXXXXXXX[.tmp]``, see ``transformer.files``) before taking its own."""
+    path = Path(str(error.filename2 or error.filename))  # a rename's target, else the file operated on
+    reason = {errno.EEXIST: "a file is there, where a folder should be made",
+              errno.ENOTDIR: "a part of this path is a file, not a folder"}.get(error.errno or 0)
+    reason = reason or (error.strerror or str(error)).lower()
+    if re.fullmatch(r"\..+\.([a-z0-9_]{8}(\.tmp|\.part)?|link\.tmp)", path.name):  # tempfile's 8 random characters
+        return f"cannot write in {path.parent}: {reason}"
+    return f"{path}: {reason}"
+
+
+def one_line(error: BaseException) -> str:
+    """An error's message; OmegaConf's (an interpolation that does not resolve, a value of the wrong type) as the key
+    and the first line, where it is a paragraph naming the key on its second."""
+    key = getattr(error, "full_key", None) if isinstance(error, OmegaConfBaseException) else None
+    if not key:
+        return str(error)
+    reason = str(getattr(error, "msg", error)).strip().splitlines()[0]
+    if (variable := re.search(r"Environment variable '(\w+)' not found", reason)) is not None:
+        return (f"{key}: the environment variable {variable[1]} is not set; set it, or give {key}=... on the "
+                "command line")
+    return f"{key}: {reason}"
+
+
+def forget_refused_run() -> None:
+    """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``) and
+    it holds nothing but Hydra's record and the log, and the folders above it left empty: listings of runs show only
+    runs that started. A folder named with ``hydra.run.dir`` keeps its log, which says why the command was
+    refused."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if (hydra_cfg.mode != RunMode.RUN or hydra_cfg.output_subdir is None
+            or "hydra.run.dir" in overrides_given(list(hydra_cfg.overrides.hydra))):
+        return
+    run = Path(hydra_cfg.runtime.output_dir)
+    made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
+    here = Path.cwd().resolve()
+    if run.is_dir() and run.resolve() != here and {p.name for p in run.iterdir()} <= made:
+        shutil.rmtree(run, ignore_errors=True)
+        for parent in run.resolve().parents:  # outputs/<task>/ as well, where Hydra made it for this run alone
+            if parent == here or here not in parent.parents or any(parent.iterdir()):
+                break
+            parent.rmdir()

@@ -2,40 +2,25 @@
 checkpoints and exact resume.
 
 The trainer receives built collaborators (model, optimizer, dataset, sampler, collate function, validation
-callback, checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. Each index
-list the sampler yields becomes a batch through ``collate_fn(indices)``.
+callback, checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. The loop reads as:
+a step (``step.TrainStep``), then the events it brings (check, log, validate, save, stop), then acting on them. Where
+training stops and where the schedule ends is ``horizon.Horizon`` (epochs, steps, minutes, patience); the loop's
+position is a ``loop_state.LoopState``; each writes and reads its part of a checkpoint.
 
-One optimizer step (micro-batches, loss normalisation, clipping, DDP) is ``step.TrainStep``.
-
-Exact resume: checkpoints are written only between optimizer steps and hold the model, optimizer, step,
-epoch, sampler position (mid-epoch included), per-rank RNG states and early-stopping counters. Resuming
-from one and training on reproduces the parameters of an uninterrupted run (CPU; GPU kernels may be
-non-deterministic unless ``training.deterministic``).
-
-Host work per step: batches are collated with numpy ahead of the step (on CUDA by a background thread, into
-pinned memory, copied with ``non_blocking``). The step's statistics stay on the device until a *check* reads
-them (``step_window``): every step on a CPU, where reading costs nothing, every ``log_every_steps`` steps on a
-GPU, and before every validation, checkpoint and stop. A non-finite loss or gradient norm never reaches the
-weights (the step skips that update), and the next check raises ``TrainingDiverged``.
-
-Where training stops and where the schedule ends is decided in one place, ``horizon.Horizon`` (epochs, steps,
-minutes, patience); the loop's position is a ``loop_state.LoopState``. Each writes and reads its part of a
-checkpoint. The loop reads as: a step, then the events it brings (check, log, validate, save, stop), then acting.
-
-A time limit (``max_minutes``) ends the run annealed, not cut: at every validation and every ``log_every_steps``
-steps the trainer projects, from the pace so far, the step at which the limit runs out, and when that comes before
-``max_epochs`` / ``max_steps`` the cosine schedule reaches its floor and training stops there. The limit itself
-still stops training if the pace drops later (with a warning). The steps trained then depend on the machine's
-speed, so two such runs differ.
-
-Checkpoints inside an epoch: ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` (with the sampler
-position) without validating, so a crash loses at most that interval.
-
-Ctrl-C: the first SIGINT (or SIGTERM) lets the steps up to the next check finish (one step on a CPU), writes
-``last.pt`` and raises KeyboardInterrupt; a second one aborts at once without saving.
-
-DDP: validation runs on rank 0 only while the other ranks wait for its metrics (``broadcast_object``), so
-every rank takes the same early-stopping decision; only rank 0 logs and writes files.
+- Exact resume: checkpoints are written only between optimizer steps, with the sampler position (mid-epoch too),
+  per-rank RNG states and early-stopping counters; training on from one reproduces the uninterrupted run's
+  parameters (CPU; on a GPU unless a kernel is non-deterministic: ``training.deterministic``).
+  ``save_every_steps`` / ``save_every_minutes`` write ``last.pt`` between validations.
+- Host work: batches are collated ahead of the step (on CUDA in a thread, pinned, copied ``non_blocking``); the
+  step's statistics stay on the device until a *check* reads them (``step_window``: every step on a CPU, every
+  ``log_every_steps`` on a GPU, and before every validation, save and stop). A non-finite loss or gradient norm
+  never reaches the weights, and the next check raises ``TrainingDiverged``.
+- A time limit (``max_minutes``) ends the run annealed: from the pace so far the trainer projects the step where
+  the limit runs out and ends the cosine schedule there (docs/guide/train.md, Time limit).
+- Ctrl-C or SIGTERM: the steps up to the next check finish, ``last.pt`` is written and KeyboardInterrupt raised; a
+  second one aborts at once without saving.
+- DDP: validation runs on rank 0 while the other ranks wait for its metrics, so every rank takes the same
+  early-stopping decision; only rank 0 logs and writes files.
 """
 
 from __future__ import annotations

@@ -293,6 +293,38 @@ def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(compose_config, 
     assert {path.name: path.read_bytes() for path in run.checkpoints.glob("*.pt")} == before
 
 
+HOLDER = """import sys
+from pathlib import Path
+from transformer.checkpoint import RunDir
+from transformer.training.run_lock import hold_run
+with hold_run(RunDir(Path(sys.argv[1])), "output_dir"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_run_folder_another_process_trains_in_is_refused_until_it_ends(compose_config, toy_corpus, tmp_path):
+    _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1")
+    run = RunDir(tmp_path / "run")
+    before = {path.name: path.read_bytes() for path in run.checkpoints.glob("*.pt")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run.root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        in_use = (rf"another transformer-train \(process {holder.pid}\) is training in {run.root}; "
+                  rf".*\(kill -INT {holder.pid}\)")
+        with pytest.raises(ConfigError, match=rf"^resume: {in_use}"):
+            _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=2", f"resume={run.root}")
+        with pytest.raises(ConfigError, match=rf"^output_dir: {in_use}"):
+            _train(compose_config, toy_corpus, run.root, "training.max_steps=2")
+        assert {path.name: path.read_bytes() for path in run.checkpoints.glob("*.pt")} == before
+    finally:
+        holder.kill()  # ended as by a crash: the system lets go of the folder
+        holder.wait()
+    resumed = _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=2", f"resume={run.root}")
+    assert resumed["train"]["steps"] == 2 and run.lock.read_text() == f"{os.getpid()}\n"
+
+
 def test_resuming_from_final_weights_says_which_file_to_use(compose_config, toy_corpus, tmp_path):
     _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=1")
     run = RunDir(tmp_path / "run")

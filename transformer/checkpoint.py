@@ -88,6 +88,11 @@ class RunDir:
         return self.checkpoints / FINAL_FILE
 
     @property
+    def lock(self) -> Path:
+        """Held by the process training in the folder (:mod:`transformer.training.run_lock`)."""
+        return self.root / ".train.lock"
+
+    @property
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 

@@ -100,13 +100,15 @@ def one_line(error: BaseException) -> str:
 
 def forget_refused_run() -> None:
     """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``) and
-    it holds nothing but Hydra's record and the log, and the folders above it left empty: listings of runs show only
+    it holds nothing but Hydra's record, the log and a training's lock, and the folders above it left empty: listings of runs show only
     runs that started. A folder named with ``hydra.run.dir`` keeps its log, which says why the command was
     refused."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+
+    from transformer.checkpoint import RunDir
 
     if not HydraConfig.initialized():
         return
@@ -115,7 +117,7 @@ def forget_refused_run() -> None:
             or "hydra.run.dir" in overrides_given(list(hydra_cfg.overrides.hydra))):
         return
     run = Path(hydra_cfg.runtime.output_dir)
-    made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log"}
+    made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log", RunDir(run).lock.name}
     here = Path.cwd().resolve()
     if run.is_dir() and run.resolve() != here and {p.name for p in run.iterdir()} <= made:
         shutil.rmtree(run, ignore_errors=True)

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -52,6 +52,7 @@ from transformer.training.checkpoints import CheckpointManager, average_checkpoi
 from transformer.training.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.training.optim import build_optimizer
 from transformer.training.resume import abandon_later_history, check_training_split, load_for_resume
+from transformer.training.run_lock import hold_run
 from transformer.training.trainer import Trainer
 from transformer.training.validation import make_validator
 
@@ -102,22 +103,27 @@ def build_training_data(cfg: TrainConfig, dist: DistContext,
 # --------------------------------------------------------------------------------------------------
 
 
-def _start_run(cfg: TrainConfig, dist: DistContext) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
+def _start_run(cfg: TrainConfig, dist: DistContext, held: ExitStack) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
     """Checks before any work, then the checkpoint to resume (checked against ``cfg``; None for a new run)
     and the run directory to write into: ``output_dir``, or the resumed run's own directory (whose checkpoints
-    of later steps are moved aside when an earlier one is resumed)."""
+    of later steps are moved aside when an earlier one is resumed). Rank 0 holds that directory until ``held``
+    closes: a second run into it is refused."""
     configure_threads(cfg.training.threads)
     set_deterministic(cfg.training.deterministic)
     seed_everything(cfg.training.seed)
     if cfg.resume is None:
         glove.check_dimension(cfg.model.glove, cfg.model.d_model)  # a resumed run's vectors are in its weights
         resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
+        if dist.is_main:
+            held.enter_context(hold_run(run, "output_dir"))
         if dist.is_main and run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):  # the others: rank 0's
             raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
                               f"overwrite; continue it with resume={run.root}, or train into another directory "
                               "(output_dir=... or hydra.run.dir=...)")
     else:
         resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
+        if dist.is_main:
+            held.enter_context(hold_run(run, "resume"))
         checkpoints = CheckpointManager(run.checkpoints, cfg.training.keep_last)
         for stale in files.remove_stale_temporaries(run.checkpoints) if dist.is_main else []:  # never read, only space
             log.info("removed %s, which a write killed midway left", stale)
@@ -162,17 +168,18 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
     cfg = replace(cfg, training=resolve_training(cfg.training, dist.device, dist.world_size),  # as recorded
                   data=anchored(cfg.data))
     try:
-        resumed, run = _start_run(cfg, dist)
-        with _log_into(run.log_file if resumed is not None and dist.is_main else None):
-            try:
-                metrics = _train(cfg, dist, resumed, run, recipe)
-            except files.DiskFullError as error:  # the same command again would be refused as a new run there
-                if not any(run.checkpoints.glob("*.pt")):
-                    raise
-                raise files.DiskFullError(error.errno, str(error).replace(
-                    "run the command again", f"continue the run with resume={run.root}")) from None
-        dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
-        return metrics
+        with ExitStack() as held:
+            resumed, run = _start_run(cfg, dist, held)
+            with _log_into(run.log_file if resumed is not None and dist.is_main else None):
+                try:
+                    metrics = _train(cfg, dist, resumed, run, recipe)
+                except files.DiskFullError as error:  # the same command again would be refused as a new run there
+                    if not any(run.checkpoints.glob("*.pt")):
+                        raise
+                    raise files.DiskFullError(error.errno, str(error).replace(
+                        "run the command again", f"continue the run with resume={run.root}")) from None
+            dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
+            return metrics
     finally:
         cleanup()
 

@@ -231,6 +231,14 @@ def test_an_ensemble_trains_every_seed_scores_the_ensemble_and_resumes(toy_corpu
         assert metrics["eval"]["beam_size"] == 1  # the recipe's eval=greedy, not evaluate's default beam
     assert f"{out / 'seed_5'}: test BLEU" in first.stdout and f"{out / 'seed_6'}: test BLEU" in first.stdout
 
+    # a finished run of the other direction as an extra member: refused before the recipe trains anything
+    backward = _recipe(tmp_path, toy_corpus, "ensemble", str(tmp_path / "rev"), "--seeds", "8", "--more-members",
+                       str(out / "seed_5"), "data.src=tgt", "data.tgt=src")
+    assert backward.returncode == 1
+    assert (f"more_members: {out / 'seed_5'} (src->tgt) differs from this recipe's runs (tgt->src) in its language "
+            "pair; ") in backward.stderr
+    assert not (tmp_path / "rev" / "seed_8").exists()
+
     (out / "seed_6" / "metrics.json").unlink()  # a crash before seed 6's end: kept, resumed, nothing scored
     again = _recipe(tmp_path, toy_corpus, "ensemble", str(out), "--seeds", "5,6", "--train-only")
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]

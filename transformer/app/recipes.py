@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import OmegaConf
 
 from transformer.app import diversify, pipeline
@@ -41,6 +42,9 @@ from transformer.app.runs import TRAIN_COMMAND, RunSpec, RunState, run_state, su
 from transformer.app.schemas import PrepareDataConfig
 from transformer.checkpoint import RunDir
 from transformer.config import ConfigError, TrainConfig
+from transformer.data import cache as corpus_cache
+from transformer.data.tokenizer import tokenizer_digest
+from transformer.inference.loading import load_model
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +144,24 @@ def check_finished(runs: Sequence[Path], what: str) -> None:
             raise ConfigError(f"{what}: {run} is not a finished run (no {RunDir(run).metrics})")
 
 
+def check_same_data(cfg: TrainConfig, runs: Sequence[Path]) -> None:
+    """Refuse, before any training, extra members of another language pair or other tokenizers than the recipe's
+    runs (``cfg``'s, whose data is ready): the ensemble would refuse them only after the training."""
+    if not runs:
+        return
+    src_tok, tgt_tok, _ = corpus_cache.load_or_build(cfg.data)
+    ours = (cfg.data.src, cfg.data.tgt, tokenizer_digest(src_tok), tokenizer_digest(tgt_tok))
+    for run in runs:
+        member = load_model(run, None, [], torch.device("cpu"))
+        data = member.config.data
+        theirs = (data.src, data.tgt, tokenizer_digest(member.src_tok), tokenizer_digest(member.tgt_tok))
+        if theirs != ours:
+            differs = "language pair" if theirs[:2] != ours[:2] else "tokenizers"
+            raise ConfigError(f"more_members: {run} ({data.src}->{data.tgt}) differs from this recipe's runs "
+                              f"({cfg.data.src}->{cfg.data.tgt}) in its {differs}; an ensemble's members must share "
+                              "them: add runs trained with the same data settings")
+
+
 def ensemble(options: Options, seeds: Sequence[int], more_members: Sequence[Path] = (),
              valid_split: str | None = None) -> dict | None:
     """Train one run per seed (kept, resumed or new) and score them, with ``more_members``, as one ensemble; the
@@ -148,7 +170,7 @@ def ensemble(options: Options, seeds: Sequence[int], more_members: Sequence[Path
         raise ConfigError("seeds: name at least one seed")
     check_finished(more_members, "more_members")
     if options.prepare:
-        prepare(options.overrides)
+        check_same_data(prepare(options.overrides), more_members)
     specs = member_specs(options.out, options.overrides, seeds)
     supervise(specs, parallel=options.parallel, train_command=options.train_command)
     members = [spec.run for spec in specs] + list(more_members)

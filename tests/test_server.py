@@ -4,6 +4,7 @@ serving after each."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import shutil
@@ -286,7 +287,9 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
         response = httpx.get(url + path)
         assert response.status_code == 200 and "http://" not in response.text and "https://" not in response.text
     assert "/static/explorer.js" in httpx.get(url).text
-    api = httpx.get(f"{url}/openapi.json").json()["paths"]
+    schema = httpx.get(f"{url}/openapi.json").json()
+    assert schema["info"]["version"] == importlib.metadata.version("transformer")
+    api = schema["paths"]
     assert api["/translate"]["post"]["requestBody"]["required"]
     assert sorted(api["/translate"]["post"]["responses"]) == ["200", "400", "413", "415", "422"]
     assert sorted(api["/attention"]["post"]["responses"]) == ["200", "400", "413", "415", "422", "503"]

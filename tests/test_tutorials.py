@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 
 TUTORIALS = sorted((REPO / "docs" / "tutorials").glob("*.md"))
-GLOVE = Path(os.environ.get("GLOVE_PATH", REPO.parent / "shared" / "data" / "glove" / "glove.6B.50d.multi30k.txt.gz"))
+GLOVE = Path(os.environ.get("GLOVE_50D", REPO.parent / "shared" / "data" / "glove" / "glove.6B.50d.multi30k.txt.gz"))
 
 # Lines not run, each with the reason. Matched at the start of a command line.
 SKIPPED = {
@@ -114,7 +114,7 @@ def test_the_smoke_wrapper_keeps_the_pages_own_settings(tmp_path):
 def test_the_tutorials_commands_run(page, multi30k, tmp_path):
     text = page.read_text(encoding="utf-8")
     if "GLOVE_PATH" in text and not GLOVE.is_file():
-        pytest.skip(f"the GloVe file {GLOVE} is not here (set GLOVE_PATH)")
+        pytest.skip(f"the GloVe file {GLOVE} is not here (set GLOVE_50D)")
     env = {**os.environ, "MULTI30K_DIR": str(multi30k), "GLOVE_PATH": str(GLOVE), "OMP_NUM_THREADS": "2",
            "PYTHONUNBUFFERED": "1"}
     for folder in ("scripts", "benchmarks"):  # the pages run them from the repository's root

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from transformer.data.corpus import DataError, read_parallel
 from transformer.inference.loading import load_trained
 from transformer.inference.metrics import corpus_scores
 from transformer.training.checkpoints import save_checkpoint
+from transformer.training.run_lock import LOCK_FILE
 
 # device=cpu: exact resumes, bit-equal weights and step counts here are the CPU's (on a GPU machine too; the CUDA
 # paths have their own tests, tests/test_gpu.py)
@@ -295,9 +297,8 @@ def test_a_new_run_never_overwrites_an_earlier_runs_checkpoints(compose_config, 
 
 HOLDER = """import sys
 from pathlib import Path
-from transformer.checkpoint import RunDir
 from transformer.training.run_lock import hold_run
-with hold_run(RunDir(Path(sys.argv[1])), "output_dir"):
+with hold_run(Path(sys.argv[1]), "output_dir"):
     print("held", flush=True)
     sys.stdin.read()
 """
@@ -318,11 +319,20 @@ def test_a_run_folder_another_process_trains_in_is_refused_until_it_ends(compose
         with pytest.raises(ConfigError, match=rf"^output_dir: {in_use}"):
             _train(compose_config, toy_corpus, run.root, "training.max_steps=2")
         assert {path.name: path.read_bytes() for path in run.checkpoints.glob("*.pt")} == before
+        log = (run.root / "train.log").read_bytes() if (run.root / "train.log").exists() else None
+        hydra_record = {p.name: p.read_bytes() for p in (run.root / ".hydra").glob("*")}
+        for args in ([f"resume={run.root}"], ["resume=auto", f"hydra.run.dir={run.root}"]):  # from the command line
+            done = subprocess.run([sys.executable, "-m", "transformer", "train", *args], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 1 and re.search(rf"^(resume|hydra.run.dir): {in_use}", done.stderr, re.M)
+        # refused before Hydra wrote into the folder
+        assert ((run.root / "train.log").read_bytes() if (run.root / "train.log").exists() else None) == log
+        assert {p.name: p.read_bytes() for p in (run.root / ".hydra").glob("*")} == hydra_record
     finally:
         holder.kill()  # ended as by a crash: the system lets go of the folder
         holder.wait()
     resumed = _train(compose_config, toy_corpus, tmp_path / "elsewhere", "training.max_steps=2", f"resume={run.root}")
-    assert resumed["train"]["steps"] == 2 and run.lock.read_text() == f"{os.getpid()}\n"
+    assert resumed["train"]["steps"] == 2 and (run.root / LOCK_FILE).read_text() == f"{os.getpid()}\n"
 
 
 def test_resuming_from_final_weights_says_which_file_to_use(compose_config, toy_corpus, tmp_path):

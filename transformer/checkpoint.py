@@ -63,8 +63,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunDir:
-    """The layout of one training run directory; its file names are spelled here (and ``checkpoints`` once more
-    in ``app.before_hydra``, whose checks run before torch is imported).
+    """The layout of one training run directory; its file names are spelled here (but for the checks that run
+    before torch is imported, in ``app.before_hydra``, and the lock of :mod:`transformer.training.run_lock`).
 
     ``train.log`` is Hydra's job log (``hydra.job.name`` is ``train``); a resumed run appends to it.
     """
@@ -86,11 +86,6 @@ class RunDir:
     @property
     def final(self) -> Path:
         return self.checkpoints / FINAL_FILE
-
-    @property
-    def lock(self) -> Path:
-        """Held by the process training in the folder (:mod:`transformer.training.run_lock`)."""
-        return self.root / ".train.lock"
 
     @property
     def tensorboard(self) -> Path:

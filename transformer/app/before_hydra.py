@@ -104,6 +104,25 @@ def results_in(folder: Path) -> str | None:
             "folder, or overwrite=true to write into it")
 
 
+def refuse_a_held_run_dir(argv: list[str]) -> None:
+    """Exit in one line when ``hydra.run.dir`` (a resume's own folder included) is a run another process is
+    training in, before Hydra rewrites its ``.hydra/`` record and appends to its log (:mod:`.run_lock`)."""
+    from transformer.training.run_lock import holder_of, in_use_message
+
+    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 holds the folder, or checks it
+        return
+    try:
+        given = overrides_given([arg for arg in argv if "=" in arg and not arg.startswith("-")])
+    except HydraException:  # a malformed override: Hydra itself reports it, with its own message
+        return
+    if "-m" in argv or "--multirun" in argv or given.get("hydra.run.dir") is None:
+        return
+    folder = Path(str(given["hydra.run.dir"]))
+    if (holder := holder_of(folder)) is not None:
+        key = "resume" if given.get("resume") not in (None, "auto") else "hydra.run.dir"
+        sys.exit(in_use_message(key, folder, holder))
+
+
 def refuse_unwritable_run_folders(argv: list[str]) -> None:
     """Exit in one line when the ``hydra.run.dir`` or ``hydra.sweep.dir`` that ``argv`` names cannot be made or
     written (Hydra would stop with a traceback). One built by interpolation (``${...}``) is left to Hydra."""

@@ -230,6 +230,7 @@ def train_main() -> None:
     before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
     sys.argv += before_hydra.resume_in_its_run_dir(sys.argv[1:])
     sys.argv += before_hydra.as_a_helper_rank(sys.argv[1:])
+    before_hydra.refuse_a_held_run_dir(sys.argv[1:])
     _train()
 
 

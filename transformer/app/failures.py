@@ -100,15 +100,15 @@ def one_line(error: BaseException) -> str:
 
 def forget_refused_run() -> None:
     """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``) and
-    it holds nothing but Hydra's record, the log and a training's lock, and the folders above it left empty: listings of runs show only
-    runs that started. A folder named with ``hydra.run.dir`` keeps its log, which says why the command was
-    refused."""
+    it holds nothing but Hydra's record, the log and a training's lock, and the folders above it left empty:
+    listings of runs show only runs that started. A folder named with ``hydra.run.dir`` keeps its log, which says
+    why the command was refused."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from transformer.checkpoint import RunDir
+    from transformer.training.run_lock import LOCK_FILE
 
     if not HydraConfig.initialized():
         return
@@ -117,11 +117,14 @@ def forget_refused_run() -> None:
             or "hydra.run.dir" in overrides_given(list(hydra_cfg.overrides.hydra))):
         return
     run = Path(hydra_cfg.runtime.output_dir)
-    made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log", RunDir(run).lock.name}
+    made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log", LOCK_FILE}
     here = Path.cwd().resolve()
     if run.is_dir() and run.resolve() != here and {p.name for p in run.iterdir()} <= made:
         shutil.rmtree(run, ignore_errors=True)
         for parent in run.resolve().parents:  # outputs/<task>/ as well, where Hydra made it for this run alone
-            if parent == here or here not in parent.parents or any(parent.iterdir()):
+            try:
+                if parent == here or here not in parent.parents or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+            except OSError:  # another command, started beside this one, made a folder in it meanwhile
                 break
-            parent.rmdir()

@@ -24,8 +24,9 @@ class RequestError(Exception):
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, refused with 415 when it is declared as something other than JSON and with 413 past
-    ``limit`` bytes, before more of it is read."""
+    """The request body, refused with 403 when a browser sends it from another site's page, with 415 when it is
+    declared as something other than JSON and with 413 past ``limit`` bytes, before more of it is read."""
+    _not_from_another_site(request.headers.get("sec-fetch-site"))
     _json_declared(request.headers.get("content-type"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -41,10 +42,20 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return bytes(body)
 
 
+def _not_from_another_site(fetch_site: str | None) -> None:
+    """Refuse a request a browser sends from another site's page (``Sec-Fetch-Site``: ``cross-site``, or
+    ``same-site``: another port of localhost is the same site): such a page may send a body the browser does not
+    ask the server about first, and it would have this server decode for it. The explorer page is this server's own
+    (``same-origin``); clients that are not browsers send no such header."""
+    if fetch_site in ("cross-site", "same-site"):
+        raise RequestError(403, "Sec-Fetch-Site", f"is {fetch_site!r}: the server answers its own page and clients "
+                                                  "that are not browsers, not pages of other sites")
+
+
 def _json_declared(content_type: str | None) -> None:
-    """Refuse a body declared as anything but JSON (``application/json`` or ``application/<x>+json``). A form or
-    ``text/plain`` is what a web page may send to another site without asking the browser first, so refusing them
-    keeps other pages from driving a server on localhost; a body with no Content-Type at all is read as JSON."""
+    """Refuse a body declared as anything but JSON (``application/json`` or ``application/<x>+json``): a form or
+    ``text/plain`` is what a page of another site may send without the browser asking the server first. A body
+    with no Content-Type at all is read as JSON."""
     if content_type is None:
         return
     media_type = content_type.split(";", 1)[0].strip().lower()

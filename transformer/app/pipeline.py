@@ -114,16 +114,14 @@ def _start_run(cfg: TrainConfig, dist: DistContext, held: ExitStack) -> tuple[di
     if cfg.resume is None:
         glove.check_dimension(cfg.model.glove, cfg.model.d_model)  # a resumed run's vectors are in its weights
         resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
-        if dist.is_main:
-            held.enter_context(hold_run(run, "output_dir"))
+        _hold(run, "output_dir", dist, held)
         if dist.is_main and run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):  # the others: rank 0's
             raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
                               f"overwrite; continue it with resume={run.root}, or train into another directory "
                               "(output_dir=... or hydra.run.dir=...)")
     else:
         resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
-        if dist.is_main:
-            held.enter_context(hold_run(run, "resume"))
+        _hold(run, "resume", dist, held)
         checkpoints = CheckpointManager(run.checkpoints, cfg.training.keep_last)
         for stale in files.remove_stale_temporaries(run.checkpoints) if dist.is_main else []:  # never read, only space
             log.info("removed %s, which a write killed midway left", stale)
@@ -132,6 +130,19 @@ def _start_run(cfg: TrainConfig, dist: DistContext, held: ExitStack) -> tuple[di
     run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
     run.root.mkdir(parents=True, exist_ok=True)
     return resumed, run
+
+
+def _hold(run: ckpt.RunDir, key: str, dist: DistContext, held: ExitStack) -> None:
+    """Rank 0 holds ``run``'s folder until ``held`` closes; a refusal is raised on every rank (the others would wait
+    for rank 0 otherwise)."""
+    refusal = None
+    if dist.is_main:
+        try:
+            held.enter_context(hold_run(run.root, key))
+        except ConfigError as error:
+            refusal = str(error)
+    if (refusal := broadcast_object(refusal)) is not None:
+        raise ConfigError(refusal)
 
 
 @contextmanager

@@ -33,18 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
 from transformer.app import diversify, pipeline
 from transformer.app.mps import mps
 from transformer.app.runs import TRAIN_COMMAND, RunSpec, RunState, run_state, supervise
 from transformer.app.schemas import PrepareDataConfig
-from transformer.checkpoint import RunDir
+from transformer.checkpoint import RunDir, load_checkpoint
 from transformer.config import ConfigError, TrainConfig
 from transformer.data import cache as corpus_cache
-from transformer.data.tokenizer import tokenizer_digest
-from transformer.inference.loading import load_model
+from transformer.data.tokenizer import tokenizer_digest, tokenizer_from_state
+from transformer.inference.loading import find_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +151,13 @@ def check_same_data(cfg: TrainConfig, runs: Sequence[Path]) -> None:
     src_tok, tgt_tok, _ = corpus_cache.load_or_build(cfg.data)
     ours = (cfg.data.src, cfg.data.tgt, tokenizer_digest(src_tok), tokenizer_digest(tgt_tok))
     for run in runs:
-        member = load_model(run, None, [], torch.device("cpu"))
-        data = member.config.data
-        theirs = (data.src, data.tgt, tokenizer_digest(member.src_tok), tokenizer_digest(member.tgt_tok))
+        state = load_checkpoint(find_checkpoint(run), mmap=True)  # its config and tokenizers, no model built
+        data, tokenizers = state["config"]["data"], state["tokenizers"]
+        theirs = (data["src"], data["tgt"], *(tokenizer_digest(tokenizer_from_state(tokenizers[side]))
+                                              for side in ("src", "tgt")))
         if theirs != ours:
             differs = "language pair" if theirs[:2] != ours[:2] else "tokenizers"
-            raise ConfigError(f"more_members: {run} ({data.src}->{data.tgt}) differs from this recipe's runs "
+            raise ConfigError(f"more_members: {run} ({data['src']}->{data['tgt']}) differs from this recipe's runs "
                               f"({cfg.data.src}->{cfg.data.tgt}) in its {differs}; an ensemble's members must share "
                               "them: add runs trained with the same data settings")
 

@@ -210,14 +210,15 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
     @app.post("/translate", openapi_extra=_body_schema({
         "text": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
         "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_BEAM},
-        "n_best": {"type": "integer", "minimum": 1}}, ["text"]), responses=_responses(TRANSLATED, 400, 413, 415, 422))
+        "n_best": {"type": "integer", "minimum": 1}}, ["text"]),
+        responses=_responses(TRANSLATED, 400, 403, 413, 415, 422))
     async def translate(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request))
         return await unless_client_leaves(request, service.translate(body))
 
     @app.post("/attention", openapi_extra=_body_schema(
         {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]),
-        responses=_responses(ATTENDED, 400, 413, 415, 422, 503))
+        responses=_responses(ATTENDED, 400, 403, 413, 415, 422, 503))
     async def attention(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request))
         return await unless_client_leaves(request, service.attention(body))
@@ -255,7 +256,8 @@ TRANSLATED = {"type": "object", "required": ["translations", "warnings"], "prope
 ATTENDED = {"type": "object", "properties": {
     "source_pieces": _STRINGS, "target_pieces": _STRINGS, "target_input_pieces": _STRINGS,
     "encoder": _MAPS, "decoder": _MAPS, "cross": _MAPS, "warnings": _STRINGS}}
-_REFUSED = {400: "the body is not UTF-8 or not JSON", 413: "the body, the sentences or the tokens exceed a limit",
+_REFUSED = {400: "the body is not UTF-8 or not JSON", 403: "a browser sent it from a page of another site",
+            413: "the body, the sentences or the tokens exceed a limit",
             415: "the body is declared as something other than JSON",
             422: "a field is missing, of the wrong type or out of range", 503: "attention maps are not available"}
 

@@ -350,7 +350,8 @@ def _collect_finished(state: _Beams, step: _StepOnHost, beam: int, finished: lis
     previous step's)."""
     for i, j in zip(*np.nonzero(step.finishing)):
         tokens = state.tokens[i * beam + step.cand_parent[i, j]].tolist()
-        finished[state.sentences[i]].append(finalize_hypothesis(tokens, float(step.cand_log_prob[i, j]), True, alpha, norm))
+        log_prob = float(step.cand_log_prob[i, j])
+        finished[state.sentences[i]].append(finalize_hypothesis(tokens, log_prob, True, alpha, norm))
 
 
 def _advance(state: _Beams, cand: Candidates, order: Tensor, finishing: Tensor,

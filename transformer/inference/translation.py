@@ -56,8 +56,9 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
 
     Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
     batches of :func:`~transformer.runtime.decode_batch_size` sentences. An empty (or all-whitespace) line gives
-    ``n_best`` empty strings (score 0) without running the model. A line longer than ``max_positions`` tokens is cut to that length with a
-    warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's position limit).
+    ``n_best`` empty strings (score 0) without running the model. A line longer than ``max_positions`` tokens is
+    cut to that length with a warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's
+    position limit).
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -14,7 +15,7 @@ import torch
 from conftest import REPO, write_toy_corpus
 from omegaconf import OmegaConf
 
-from transformer.app import pipeline, text_files
+from transformer.app import pipeline, translate_io
 from transformer.app.curves import Curve, plot_curves, read_curve
 from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
 from transformer.config import ConfigError
@@ -170,6 +171,63 @@ def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
     assert lines[0].split() == ["a", "b", "c"]
 
 
+def test_translate_answers_each_line_typed_at_a_terminal_before_the_input_ends(trained_run, tmp_path):
+    import pty
+    import select
+
+    def read_line(stream, timeout: float = 120.0) -> str:
+        assert select.select([stream], [], [], timeout)[0], "no translation came while the terminal stayed open"
+        return stream.readline().decode("utf-8")
+
+    terminal, typed_into = pty.openpty()  # stdin a terminal, as when a person types the sentences
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", f"run_dir={trained_run[0]}",
+                                "eval=greedy", "device=cpu"], cwd=tmp_path, stdin=typed_into,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(typed_into)
+    try:
+        os.write(terminal, b"a b c\n")
+        assert read_line(process.stdout).split() == ["a", "b", "c"]  # answered with the input still open
+        os.write(terminal, b"\n")
+        assert read_line(process.stdout) == "\n"
+        os.write(terminal, b"caf\xe9\n")  # Latin-1, not UTF-8: refused in a line on stderr, the session goes on
+        os.write(terminal, b"d e f g\n\x04")  # a last line, then Ctrl-D
+        assert read_line(process.stdout).split() == ["d", "e", "f", "g"]
+        assert process.wait(timeout=60) == 0
+        stderr = process.stderr.read().decode("utf-8")
+        assert "Type a sentence and press Enter; Ctrl-D ends." in stderr and "Traceback" not in stderr
+        assert "input: line 3 is not valid UTF-8 (unexpected end of data at byte 3); set the terminal" in stderr
+    finally:
+        process.kill()
+        os.close(terminal)
+
+
+def test_translate_warns_once_of_lines_that_got_an_empty_translation(compose_config, trained_run, tmp_path,
+                                                                    monkeypatch, caplog):
+    """An undertrained model ends its hypotheses at once; its empty lines are named in one warning (a blank input
+    line is not counted), and a model that translates every line draws none."""
+    source = tmp_path / "in.txt"
+    source.write_text("a b c\nd e f\n\ng h\n", encoding="utf-8")
+    cfg = compose_config("translate", [f"run_dir={trained_run[0]}", "eval=greedy", "device=cpu",
+                                       f"input={source}", f"output={tmp_path / 'out.txt'}", "overwrite=true"])
+    with caplog.at_level(logging.WARNING, logger="transformer.app.translate_io"):
+        pipeline.translate(OmegaConf.to_object(cfg))
+    assert "empty translation" not in caplog.text
+    assert all(line for i, line in enumerate((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) if i != 2)
+
+    translate_texts = pipeline.translate_texts  # the real model, its second line's translation emptied
+
+    def second_line_empty(*args, **kwargs):
+        nbest = translate_texts(*args, **kwargs)
+        return [nbest[0], [""], *nbest[2:]]
+
+    monkeypatch.setattr(pipeline, "translate_texts", second_line_empty)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="transformer.app.translate_io"):
+        pipeline.translate(OmegaConf.to_object(cfg))
+    warnings = [record.getMessage() for record in caplog.records if "empty translation" in record.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("1 of 3 non-blank lines got an empty translation (line 2)")
+
+
 def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained_run, tmp_path, monkeypatch):
     """Only newlines end lines (a form feed or U+2028 inside one does not), CRLF counts once, and bad UTF-8 or an
     output path that cannot be written is refused, by key and line, before any translating."""
@@ -203,7 +261,7 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     assert source.read_text(encoding="utf-8") == "a b\n"
     (tmp_path / "locked").mkdir()  # a folder without write permission (the tests may run as root, who has it)
     real_access = os.access
-    monkeypatch.setattr(text_files.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
+    monkeypatch.setattr(translate_io.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
         path, mode))
     monkeypatch.setattr(pipeline, "translate_texts", lambda *args, **kwargs: pytest.fail("decoded before refusing"))
     with pytest.raises(ConfigError, match=r"^output: cannot write in .*locked \(permission denied\)"):
@@ -423,10 +481,11 @@ def test_resume_continues_in_its_run_directory_and_refuses_other_batches(compose
 
 def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_an_epochs_end(compose_config,
                                                                                             toy_corpus, tmp_path,
-                                                                                            caplog):
+                                                                                            caplog, monkeypatch):
     _train(compose_config, toy_corpus, tmp_path / "mid", "training.max_steps=3")  # stops inside epoch 1
     _train(compose_config, toy_corpus, tmp_path / "end", "training.max_epochs=1")
     mid = load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")
+    monkeypatch.setattr(pipeline, "build_model", lambda *args: pytest.fail("a model was built before the refusal"))
     original = (toy_corpus / "train.src").read_text(encoding="utf-8")
     (toy_corpus / "train.src").write_text(original.replace("\n", " a\n", 1), encoding="utf-8")  # one line edited
     with pytest.raises(CheckpointError, match=r"resume: the training split \(train\.src / train\.tgt\) holds other "
@@ -442,6 +501,7 @@ def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_a
                                               r"middle of epoch 1:"):
         _train(compose_config, toy_corpus, tmp_path / "x", "training.max_steps=6", f"resume={tmp_path / 'mid'}")
     assert load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")["step"] == mid["step"]  # nothing changed
+    monkeypatch.undo()
     with caplog.at_level("WARNING"):
         resumed = _train(compose_config, toy_corpus, tmp_path / "x", "training.max_epochs=2",
                          f"resume={tmp_path / 'end'}")

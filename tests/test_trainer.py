@@ -504,7 +504,7 @@ def test_a_run_resumed_at_an_epochs_last_step_does_not_validate_that_step_again(
 def test_extra_state_is_checked_up_front(tmp_path, extra, error, message):
     t = make_trainer(tmp_path, training_config(), PAIRS)
     with pytest.raises(error, match=message):
-        Trainer(t.model, t.optimizer, t.cfg, dataset=PAIRS, sampler=t.sampler, collate_fn=t.collate_fn,
+        Trainer(t.model, t.optimizer, t.cfg, n_pairs=len(PAIRS), sampler=t.sampler, collate_fn=t.collate_fn,
                 device=t.device, dist=t.dist, tracker=t.tracker, checkpoints=t.checkpoints, validate=t.validate,
                 extra_state=extra)
 

@@ -103,7 +103,7 @@ def make_trainer(
         return toy_collate([pairs[i] for i in indices], indices)
 
     return Trainer(
-        model, build_optimizer(model, cfg), cfg, dataset=pairs, sampler=sampler, collate_fn=collate_fn,
+        model, build_optimizer(model, cfg), cfg, n_pairs=len(pairs), sampler=sampler, collate_fn=collate_fn,
         device=dist.device, dist=dist, tracker=Tracker(run_dir / "tb", enabled=False),
         checkpoints=CheckpointManager(run_dir / "checkpoints", cfg.keep_last),
         validate=validate or teacher_forced_validate(pairs[:16]), extra_state={"note": "toy", "vocab": VOCAB},

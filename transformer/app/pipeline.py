@@ -10,7 +10,6 @@ their own (``benchmark``, ``diversify``, ``server``).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -24,7 +23,13 @@ from transformer import checkpoint as ckpt
 from transformer import files
 from transformer.app.before_hydra import results_in
 from transformer.app.schemas import EvaluateConfig, ExportConfig, PrepareDataConfig, TranslateConfig
-from transformer.app.text_files import check_output_file, read_lines
+from transformer.app.translate_io import (
+    check_output_file,
+    read_lines,
+    translate_as_typed,
+    warn_of_empty_translations,
+    write_translations,
+)
 from transformer.config import ConfigError, ModelConfig, TrainConfig, flatten, from_plain_dict, to_plain_dict
 from transformer.data import cache as corpus_cache
 from transformer.data.batching import Batch, TokenBucketSampler, collate_arrays
@@ -202,6 +207,8 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     for split in (cfg.data.valid_split, cfg.data.test_split) if dist.is_main else ():
         load_split(cfg.data, split)  # a missing or broken split stops the run before the training data is built
     src_tok, tgt_tok, train_set = build_training_data(cfg, dist, resumed["tokenizers"] if resumed else None)
+    if resumed is not None:
+        check_training_split(resumed, len(train_set), train_set.digest, cfg.data)
     valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
 
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
@@ -218,7 +225,6 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
                               max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
     trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
     if resumed is not None:
-        check_training_split(resumed, len(train_set), train_set.digest, cfg.data)
         trainer.load_state(resumed)
     result = trainer.fit()
     metrics: dict[str, Any] = {"train": asdict(result)}
@@ -260,7 +266,7 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
 
     return Trainer(
         model, build_optimizer(model, cfg.training), cfg.training,
-        dataset=train_set, sampler=sampler, collate_fn=collate_fn,
+        n_pairs=len(train_set), sampler=sampler, collate_fn=collate_fn,
         device=dist.device, dist=dist, tracker=tracker,
         checkpoints=CheckpointManager(ckpt.RunDir(run_dir).checkpoints, cfg.training.keep_last),
         validate=validate, extra_state={**_extra_state(cfg, src_tok, tgt_tok, recipe), "train_pairs": len(train_set),
@@ -389,27 +395,26 @@ def _longer_than(src: list[str], refs: list[str], src_tok: Tokenizer, tgt_tok: T
 
 
 def translate(cfg: TranslateConfig) -> None:
-    """Translate lines from a file or stdin; one output line per input line (n-best joined by tabs)."""
+    """Translate lines from a file or stdin; one output line per input line (n-best joined by tabs). Lines typed
+    at a terminal are translated one by one as they come."""
     device = choose_device(cfg.device)
     if cfg.output is not None:
         check_output_file(cfg.output, cfg.input, cfg.overwrite)  # before the work, not after it
+    translate_lines: Callable[[list[str]], list[list[str]]]
     if cfg.export_dir is not None:
-        translator = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval)
-        nbest = translator.translate(read_lines(cfg.input))
+        translate_lines = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval).translate
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
-        nbest = translate_texts(trained.model, read_lines(cfg.input), trained.src_tok, trained.tgt_tok, cfg.eval,
-                                device, trained.model.max_positions, progress=True)
-    text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
-    if cfg.output is not None:
-        files.write_text(cfg.output, text)  # a crash while writing leaves any earlier file as it was
+        translate_lines = lambda lines: translate_texts(  # noqa: E731
+            trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device, trained.model.max_positions,
+            progress=len(lines) > 1)  # no bar for a line typed at a terminal
+    if cfg.input is None and cfg.output is None and sys.stdin.isatty():
+        translate_as_typed(translate_lines)
         return
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader stopped early (`| head`): what it read is what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the flush at exit fails no more
-        sys.exit(141)  # as a process ended by SIGPIPE
+    lines = read_lines(cfg.input)  # after the model loaded: its errors come before any reading
+    nbest = translate_lines(lines)
+    warn_of_empty_translations(lines, nbest)
+    write_translations(cfg.output, nbest)
 
 
 def export(cfg: ExportConfig) -> None:

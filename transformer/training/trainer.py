@@ -1,8 +1,8 @@
 """The training loop: accumulation, autocast, clipping, per-step learning rate, validation, early stopping,
 checkpoints and exact resume.
 
-The trainer receives built collaborators (model, optimizer, dataset, sampler, collate function, validation
-callback, checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. The loop reads as:
+The trainer receives built collaborators (model, optimizer, sampler, collate function, validation callback,
+checkpoint manager, tracker) and the ``TrainingConfig``; it never reads the root config. The loop reads as:
 a step (``step.TrainStep``), then the events it brings (check, log, validate, save, stop), then acting on them. Where
 training stops and where the schedule ends is ``horizon.Horizon`` (epochs, steps, minutes, patience); the loop's
 position is a ``loop_state.LoopState``; each writes and reads its part of a checkpoint.
@@ -29,7 +29,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -90,7 +90,7 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         cfg: TrainingConfig,
         *,
-        dataset: Sequence[tuple[list[int], list[int]]],
+        n_pairs: int,
         sampler: SamplerLike,
         collate_fn: Callable[[list[int]], BatchLike],
         device: torch.device,
@@ -109,7 +109,7 @@ class Trainer:
         self.model = model.to(device)
         self.optimizer = optimizer
         self.cfg = cfg = resolve_training(cfg, device, dist.world_size)
-        self.dataset = dataset
+        self.n_pairs = n_pairs  # of the training split, for the log: the collate function reads the pairs
         self.sampler = sampler
         self.collate_fn = collate_fn
         self.device = device
@@ -219,7 +219,7 @@ class Trainer:
         self.model.train()
         if self.dist.is_main:
             log.info("training on %d pairs, %d batches per epoch and rank, from step %d (epoch %d)",
-                     len(self.dataset), len(self.sampler), self.step, self.epoch + 1)
+                     self.n_pairs, len(self.sampler), self.step, self.epoch + 1)
             self.horizon.warn_if_warmup_outlasts()
         with defer_sigint(self._on_sigint):
             try:

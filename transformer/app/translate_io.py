@@ -1,0 +1,104 @@
+"""The input and output of ``transformer-translate``: its input read line for line as the corpus reader reads a
+corpus, or translated line by line as a person types it at a terminal; its output, a file checked before any
+decoding so that a refusal loses no work, or stdout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from transformer import files
+from transformer.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def check_output_file(path: str, input_path: str | None, overwrite: bool) -> None:
+    """Refuse, before any decoding, an ``output`` file that would replace the input or earlier results (unless
+    ``overwrite``), that names a folder, or whose folder is missing or not writable."""
+    target = Path(path)
+    if input_path is not None and target.resolve() == Path(input_path).resolve():
+        raise ConfigError(f"output: {path} is the input file; the translations would replace the sentences, so "
+                          "choose another file")
+    if target.is_dir():
+        raise ConfigError(f"output: {path} is a directory; give a file name")
+    if target.exists() and not overwrite:
+        raise ConfigError(f"output: {path} exists; choose a new file, or overwrite=true to replace it")
+    if not target.parent.is_dir():
+        raise ConfigError(f"output: the directory {target.parent} does not exist; create it or choose another file")
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"output: cannot write in {target.parent} (permission denied); choose another file")
+
+
+def read_lines(path: str | None) -> list[str]:
+    """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
+    in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline, and a
+    UTF-8 byte-order mark at the start is dropped."""
+    name = "stdin" if path is None else path
+    try:
+        data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
+    except IsADirectoryError:
+        raise ConfigError(f"input: {path} is a directory; give a text file with one sentence per line") from None
+    except FileNotFoundError:
+        raise ConfigError(f"input: {path} not found") from None
+    rows = data.removeprefix(b"\xef\xbb\xbf").split(b"\n")  # a byte-order mark is not text, as the corpus reader has it
+    if rows[-1] == b"":
+        rows.pop()  # the newline that ends the last line
+    lines = []
+    for number, row in enumerate(rows, start=1):
+        try:
+            lines.append(row.removesuffix(b"\r").decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"input: {name}:{number} is not valid UTF-8 ({error.reason} at byte {error.start})") \
+                from None
+    return lines
+
+
+def write_translations(path: str | None, nbest: list[list[str]]) -> None:
+    """One line per input line, its n-best joined by tabs, into the file ``path`` (written atomically: a crash
+    leaves any earlier file as it was) or stdout. A reader of stdout that stopped early (``| head``) ends the
+    command quietly with 141, the status of a process ended by SIGPIPE."""
+    text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
+    if path is not None:
+        files.write_text(path, text)
+        return
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # what the reader read is what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the flush at exit fails no more
+        sys.exit(141)
+
+
+def translate_as_typed(translate_lines: Callable[[list[str]], list[list[str]]]) -> None:
+    """Translate each line typed at a terminal when Enter ends it, until Ctrl-D: read whole, stdin would give
+    nothing back before the end of the input."""
+    print("Type a sentence and press Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
+    warned = False
+    for line_no, row in enumerate(sys.stdin.buffer, start=1):
+        try:
+            line = row.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as error:  # a terminal in another encoding: this line is lost, not the session
+            log.error(f"input: line {line_no} is not valid UTF-8 ({error.reason} at byte {error.start}); "
+                      "set the terminal to UTF-8 and type it again")
+            continue
+        candidates = translate_lines([line])[0]
+        warned = warned or warn_of_empty_translations([line], [candidates], first_line_no=line_no)
+        print("\t".join(candidates), flush=True)
+
+
+def warn_of_empty_translations(lines: list[str], nbest: list[list[str]], first_line_no: int = 1) -> bool:
+    """Warn once when lines with words got an empty best translation: what an undertrained model gives (it ends
+    every hypothesis at once), which printed alone looks like a command that did nothing. Returns whether it
+    warned."""
+    empty = [line_no for line_no, (line, candidates) in enumerate(zip(lines, nbest), start=first_line_no)
+             if line.strip() and not candidates[0]]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+        log.warning(f"{len(empty)} of {sum(1 for line in lines if line.strip())} non-blank lines got an empty "
+                    f"translation (line {shown}): the model ends its translations at once, as one trained for a few "
+                    "steps does (debug=cpu_tiny); transformer-evaluate gives its BLEU")
+    return bool(empty)

@@ -14,7 +14,7 @@ from transformer.config import EvalConfig, ModelConfig, TrainConfig, to_plain_di
 from transformer.data.tokenizer import SPECIAL_PIECES, WordTokenizer
 from transformer.inference.loading import find_checkpoint, load_trained
 from transformer.inference.search import beam_search
-from transformer.inference.translation import translate
+from transformer.inference.translation import TruncationWarning, translate
 from transformer.model.transformer import build_model
 from transformer.training.checkpoints import save_checkpoint
 
@@ -53,7 +53,7 @@ def test_translate_keeps_line_alignment_and_handles_odd_input() -> None:
     texts = ["a b c", "", "h g f e d c b a a b", "   ", "ünïcödé ☃ a\tb", "e", "a b c d e f g h a b c d"]
     cfg = EvalConfig(beam_size=3, n_best=2, batch_size=2, max_len_a=1.0, max_len_b=2)
     truncated = r"1 input line\(s\) longer than 10 source tokens were truncated: line 7 \(12 tokens\)"
-    with pytest.warns(UserWarning, match=truncated):
+    with pytest.warns(TruncationWarning, match=truncated):
         out = translate(model, texts, src_tok, tgt_tok, cfg, "cpu", max_positions=10)
     assert model.training, "translate restores the training mode"
     assert len(out) == len(texts) and all(len(nbest) == 2 for nbest in out)
@@ -61,6 +61,9 @@ def test_translate_keeps_line_alignment_and_handles_odd_input() -> None:
     # each line translated alone (batch of one) gives the same n-best: batching and sorting keep alignment
     for i in (0, 2, 4, 5):
         assert translate(model, [texts[i]], src_tok, tgt_tok, cfg, "cpu", max_positions=10)[0] == out[i]
+    with pytest.warns(TruncationWarning, match=r"^the sentence has 12 source tokens, more than the model's 10: it was "
+                                         r"truncated$"):  # alone, as one typed at a terminal: no line number
+        assert translate(model, [texts[6]], src_tok, tgt_tok, cfg, "cpu", max_positions=10)[0] == out[6]
     # the output strings are the target tokenizer's decoding of the beam search result
     src = torch.tensor([src_tok.encode(texts[0])])
     hyps = beam_search(model.eval(), src, beam_size=3, n_best=2, length_penalty=cfg.length_penalty,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -199,6 +200,35 @@ def test_translate_answers_each_line_typed_at_a_terminal_before_the_input_ends(t
     finally:
         process.kill()
         os.close(terminal)
+        process.stdout.close()
+        process.stderr.close()
+
+    terminal, typed_into = pty.openpty()
+    reader, writer = os.pipe()
+    os.close(reader)  # `transformer-translate run_dir=... | head -0` at a terminal: nobody reads the translations
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", f"run_dir={trained_run[0]}",
+                                    "eval=greedy", "device=cpu"], cwd=tmp_path, stdin=typed_into, stdout=writer,
+                                   stderr=subprocess.PIPE)
+        os.close(typed_into)
+        os.close(writer)
+        os.write(terminal, b"a b c\n")
+        assert process.wait(timeout=120) == 141
+        assert b"Traceback" not in process.stderr.read()
+    finally:
+        process.kill()
+        os.close(terminal)
+        process.stderr.close()
+
+
+def test_lines_typed_at_a_terminal_that_get_empty_translations_draw_one_warning(monkeypatch, capsys, caplog):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b\n\nc\nd e\n"), encoding="utf-8"))
+    with caplog.at_level(logging.WARNING, logger="transformer.app.translate_io"):
+        translate_io.translate_as_typed(lambda lines: [["" if line == "c" or not line else line.upper()]
+                                                       for line in lines])
+    assert capsys.readouterr().out == "A B\n\n\nD E\n"
+    assert [record.getMessage()[:56] for record in caplog.records] == [
+        "1 of 1 non-blank lines got an empty translation (line 3)"]
 
 
 def test_translate_warns_once_of_lines_that_got_an_empty_translation(compose_config, trained_run, tmp_path,
@@ -266,6 +296,9 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     monkeypatch.setattr(pipeline, "translate_texts", lambda *args, **kwargs: pytest.fail("decoded before refusing"))
     with pytest.raises(ConfigError, match=r"^output: cannot write in .*locked \(permission denied\)"):
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / 'locked' / 'o'}")))
+    monkeypatch.setattr(sys, "stdin", None)  # `transformer-translate ... <&-`
+    with pytest.raises(ConfigError, match=r"^input: stdin is closed; give input=FILE, or pipe the sentences in$"):
+        pipeline.translate(OmegaConf.to_object(translate()))
 
 
 def test_a_run_records_its_corpus_folder_absolute_so_it_is_found_from_anywhere(compose_config, toy_corpus, tmp_path,

@@ -244,6 +244,7 @@ def test_a_request_whose_client_leaves_while_it_waits_is_never_decoded(served):
         decoder.decode = decode
 
 
+@pytest.mark.filterwarnings("ignore::transformer.inference.translation.TruncationWarning")  # serve() ignores it
 def test_an_over_long_line_is_cut_to_the_models_limit_with_a_warning(served, run_dir):
     url, _ = served
     long_line = " ".join(["a", "b", "c", "d"] * 25)  # 100 tokens; the model has 64 positions

@@ -405,10 +405,11 @@ def translate(cfg: TranslateConfig) -> None:
         translate_lines = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval).translate
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
-        translate_lines = lambda lines: translate_texts(  # noqa: E731
-            trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device, trained.model.max_positions,
-            progress=len(lines) > 1)  # no bar for a line typed at a terminal
-    if cfg.input is None and cfg.output is None and sys.stdin.isatty():
+
+        def translate_lines(lines: list[str]) -> list[list[str]]:
+            return translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
+                                   trained.model.max_positions, progress=len(lines) > 1)  # no bar for one line
+    if cfg.input is None and cfg.output is None and sys.stdin is not None and sys.stdin.isatty():
         translate_as_typed(translate_lines)
         return
     lines = read_lines(cfg.input)  # after the model loaded: its errors come before any reading

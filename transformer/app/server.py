@@ -61,6 +61,7 @@ from transformer.inference.attention_maps import pair_attention_maps
 from transformer.inference.explorer import ASSETS, attention_json, live_page
 from transformer.inference.export import read_export_record
 from transformer.inference.loading import TrainedModel, load_trained
+from transformer.inference.translation import TruncationWarning
 from transformer.inference.translator import Translation, Translator
 from transformer.runtime import choose_device
 
@@ -312,7 +313,7 @@ def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     # Each answer names its own cut lines; the decoder's warning would number lines across merged requests.
-    warnings.filterwarnings("ignore", message=r"\d+ input line\(s\) longer than")
+    warnings.simplefilter("ignore", TruncationWarning)
     model = load_served_model(cfg)
 
     class Server(uvicorn.Server):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +39,8 @@ def read_lines(path: str | None) -> list[str]:
     in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline, and a
     UTF-8 byte-order mark at the start is dropped."""
     name = "stdin" if path is None else path
+    if path is None and sys.stdin is None:
+        raise ConfigError("input: stdin is closed; give input=FILE, or pipe the sentences in")
     try:
         data = sys.stdin.buffer.read() if path is None else Path(path).read_bytes()
     except IsADirectoryError:
@@ -75,30 +78,32 @@ def write_translations(path: str | None, nbest: list[list[str]]) -> None:
 
 def translate_as_typed(translate_lines: Callable[[list[str]], list[list[str]]]) -> None:
     """Translate each line typed at a terminal when Enter ends it, until Ctrl-D: read whole, stdin would give
-    nothing back before the end of the input."""
+    nothing back before the end of the input. Each warning comes after the line it is about, every time."""
     print("Type a sentence and press Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
     warned = False
     for line_no, row in enumerate(sys.stdin.buffer, start=1):
         try:
             line = row.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8")
         except UnicodeDecodeError as error:  # a terminal in another encoding: this line is lost, not the session
-            log.error(f"input: line {line_no} is not valid UTF-8 ({error.reason} at byte {error.start}); "
-                      "set the terminal to UTF-8 and type it again")
+            log.error("input: line %d is not valid UTF-8 (%s at byte %d); set the terminal to UTF-8 and type it "
+                      "again", line_no, error.reason, error.start)
             continue
-        candidates = translate_lines([line])[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # a second over-long line is warned of too
+            candidates = translate_lines([line])[0]
         warned = warned or warn_of_empty_translations([line], [candidates], first_line_no=line_no)
-        print("\t".join(candidates), flush=True)
+        write_translations(None, [candidates])
 
 
 def warn_of_empty_translations(lines: list[str], nbest: list[list[str]], first_line_no: int = 1) -> bool:
-    """Warn once when lines with words got an empty best translation: what an undertrained model gives (it ends
-    every hypothesis at once), which printed alone looks like a command that did nothing. Returns whether it
-    warned."""
+    """Warn when lines with words got an empty best translation: what an undertrained model gives (it ends every
+    hypothesis at once), which printed alone looks like a command that did nothing. One warning names them all;
+    returns whether there was one."""
     empty = [line_no for line_no, (line, candidates) in enumerate(zip(lines, nbest), start=first_line_no)
              if line.strip() and not candidates[0]]
     if empty:
         shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-        log.warning(f"{len(empty)} of {sum(1 for line in lines if line.strip())} non-blank lines got an empty "
-                    f"translation (line {shown}): the model ends its translations at once, as one trained for a few "
-                    "steps does (debug=cpu_tiny); transformer-evaluate gives its BLEU")
+        log.warning("%d of %d non-blank lines got an empty translation (line %s): the model ends its translations "
+                    "at once, as one trained for a few steps does (debug=cpu_tiny); transformer-evaluate gives its "
+                    "BLEU", len(empty), sum(1 for line in lines if line.strip()), shown)
     return bool(empty)

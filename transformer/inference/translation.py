@@ -40,6 +40,10 @@ def format_scores(scores: Scores) -> str:
     return text
 
 
+class TruncationWarning(UserWarning):
+    """Input lines were cut to the model's position limit (a server, which names them in each answer, ignores it)."""
+
+
 def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
               device: torch.device | str, max_positions: int, progress: bool = False) -> list[list[str]]:
     """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order (see
@@ -88,11 +92,14 @@ def encode_sources(texts: list[str], src_tok: Tokenizer, max_positions: int) -> 
     """Source ids per line (empty for blank lines), cut to ``max_positions`` with a warning."""
     ids = [src_tok.encode(text) if text.strip() else [] for text in texts]
     too_long = [(line_no, len(seq)) for line_no, seq in enumerate(ids, start=1) if len(seq) > max_positions]
-    if too_long:
+    if too_long and len(texts) == 1:  # a sentence alone (one typed at a terminal): no line number to give
+        warnings.warn(f"the sentence has {too_long[0][1]} source tokens, more than the model's {max_positions}: "
+                      "it was truncated", TruncationWarning, stacklevel=3)
+    elif too_long:
         shown = ", ".join(f"line {line_no} ({n} tokens)" for line_no, n in too_long[:10])
         more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
         warnings.warn(f"{len(too_long)} input line(s) longer than {max_positions} source tokens were truncated: "
-                      f"{shown}{more}", stacklevel=3)
+                      f"{shown}{more}", TruncationWarning, stacklevel=3)
     return [seq[:max_positions] for seq in ids]
 
 

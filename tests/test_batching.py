@@ -140,6 +140,20 @@ def test_resume_at_epoch_end_yields_nothing():
         sampler.load_state_dict({"epoch": 0, "position": len(sampler) + 1})
 
 
+def test_an_epochs_end_written_by_another_number_of_processes_loads_as_this_samplers_end():
+    src, tgt = _lengths(300)
+    alone = TokenBucketSampler(src, tgt, 200, seed=11)
+    alone.set_epoch(2)
+    list(alone)
+    end = alone.state_dict()
+    two = TokenBucketSampler(src, tgt, 200, seed=11, rank=1, world_size=2)
+    assert end["position"] == len(alone) > len(two)
+    two.load_state_dict(end)
+    assert list(two) == [] and two.state_dict() == {"epoch": 2, "position": len(two), "batches": len(two)}
+    with pytest.raises(ValueError, match="outside"):  # inside an epoch the count must fit: no such mapping
+        two.load_state_dict({**end, "position": len(alone) - 1})
+
+
 def test_padding_efficiency_by_hand():
     # max_tokens 12 packs [0, 1] (cost 2*2 + 2*3 = 10) and [2] (cost 4 + 5 = 9)
     src, tgt = [2, 1, 4], [1, 2, 4]

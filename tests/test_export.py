@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +138,13 @@ def test_an_export_never_overwrites_and_leaves_nothing_on_failure(one_run, tmp_p
     with pytest.raises(OSError, match="No space left"):
         export(trained, tmp_path / "new", "none", {})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no export, no temporary folder
+    monkeypatch.undo()
+    previous = os.umask(0o022)
+    try:
+        made = export(trained, tmp_path / "shared", "none", {})
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o755  # readable by a server run by another account
 
 
 @pytest.mark.parametrize("score", ["additive", "multiplicative"])

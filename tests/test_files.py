@@ -72,6 +72,21 @@ def test_a_written_file_gets_the_mode_open_would_give(tmp_path):
     assert stat.S_IMODE((tmp_path / "meta.json").stat().st_mode) == 0o644
 
 
+def test_a_folder_built_under_a_temporary_name_gets_the_mode_mkdir_would_give(tmp_path):
+    """Not mkdtemp's private 0700, which the rename into place keeps: an export or a cache others read."""
+    import os
+    import stat
+
+    for umask, mode in ((0o022, 0o755), (0o002, 0o775), (0o077, 0o700)):
+        previous = os.umask(umask)
+        try:
+            folder = files.temporary_folder(tmp_path, f".export-{umask:o}.")
+        finally:
+            os.umask(previous)
+        assert folder.parent == tmp_path and folder.name.startswith(f".export-{umask:o}.")
+        assert stat.S_IMODE(folder.stat().st_mode) == mode
+
+
 def test_a_full_disk_names_enospc_and_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
     import errno
 

@@ -221,6 +221,14 @@ def test_translate_answers_each_line_typed_at_a_terminal_before_the_input_ends(t
         process.stderr.close()
 
 
+def test_n_best_translations_are_columns_and_an_empty_line_keeps_them(tmp_path):
+    out = tmp_path / "out.txt"
+    translate_io.write_translations(str(out), [["ein Hund", "der Hund"], ["", ""], ["Katze", ""]])
+    assert out.read_text(encoding="utf-8") == "ein Hund\tder Hund\n\t\nKatze\t\n"
+    assert [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()] == [
+        ["ein Hund", "der Hund"], ["", ""], ["Katze", ""]]
+
+
 def test_lines_typed_at_a_terminal_that_get_empty_translations_draw_one_warning(monkeypatch, capsys, caplog):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b\n\nc\nd e\n"), encoding="utf-8"))
     with caplog.at_level(logging.WARNING, logger="transformer.app.translate_io"):
@@ -515,7 +523,8 @@ def test_resume_continues_in_its_run_directory_and_refuses_other_batches(compose
 def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_an_epochs_end(compose_config,
                                                                                             toy_corpus, tmp_path,
                                                                                             caplog, monkeypatch):
-    _train(compose_config, toy_corpus, tmp_path / "mid", "training.max_steps=3")  # stops inside epoch 1
+    _train(compose_config, toy_corpus, tmp_path / "mid", "training.max_steps=3",  # stops inside epoch 1
+           "training.validate_every_steps=2")  # with step_2.pt, an earlier checkpoint to resume
     _train(compose_config, toy_corpus, tmp_path / "end", "training.max_epochs=1")
     mid = load_checkpoint(tmp_path / "mid" / "checkpoints" / "last.pt")
     monkeypatch.setattr(pipeline, "build_model", lambda *args: pytest.fail("a model was built before the refusal"))
@@ -525,6 +534,10 @@ def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_a
                                               r"pairs than the run trained on \(as many: 400\); the checkpoint was "
                                               r"written in the middle of epoch 1:"):
         _train(compose_config, toy_corpus, tmp_path / "x", "training.max_steps=6", f"resume={tmp_path / 'mid'}")
+    with pytest.raises(CheckpointError, match=r"resume: the training split .* holds other pairs"):
+        _train(compose_config, toy_corpus, tmp_path / "x", "training.max_steps=6", "training.validate_every_steps=2",
+               f"resume={tmp_path / 'mid' / 'checkpoints' / 'step_2.pt'}")
+    assert not list((tmp_path / "mid" / "checkpoints").glob("abandoned*"))  # the later steps' checkpoints stay
     (toy_corpus / "train.src").write_text(original, encoding="utf-8")
     for side in ("src", "tgt"):  # 20 more pairs
         with open(toy_corpus / f"train.{side}", "a", encoding="utf-8") as lines:

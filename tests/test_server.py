@@ -139,6 +139,8 @@ BAD = [
     (b'{"text": "a b", "beam_size": 0}', 422, "beam_size", r"beam_size: must be in 1\.\.64, got 0"),
     (b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "body",
      "body: nests lists or objects deeper than the server reads"),
+    (b'{"text": "a b", "beam_size": ' + b"1" * 5000 + b"}", 400, "body",
+     r"body: holds a number of more digits than the server reads \(4300\)"),
     (b'{"text": "a b", "n_best": 5}', 422, "n_best", "n_best: 5 translations need beam_size >= 5, got 3"),
     (b'{"text": "a b", "beams": 2}', 422, "beams", "beams: is not a field of this request"),
     (json.dumps({"text": ["a"] * 65}).encode(), 413, "text", "text: 65 sentences; a request takes at most 64"),
@@ -282,6 +284,23 @@ def test_attention_is_the_models_own_for_every_kind(served, run_dir):
     refused = httpx.post(f"{url}/attention", content=b'{"source": "a", "target": "\\udc00"}',
                          headers={"Content-Type": "application/json"})
     assert refused.status_code == 422 and refused.json()["field"] == "target"
+
+
+def test_a_source_that_sentencepiece_reads_as_no_token_is_refused_by_attention_and_translated_as_empty(
+        compose_config, toy_corpus, tmp_path):
+    from test_export import OPTIONS, _trained
+
+    _trained(compose_config, toy_corpus, tmp_path / "run", OPTIONS["sentencepiece_shared"])
+    cfg = ServeConfig(run_dir=str(tmp_path / "run"), eval=BEAM, device="cpu")
+    model = server.load_served_model(cfg)
+    assert model.translator.src_tok.encode("\u200b") == []  # a zero-width space: not blank, yet no token
+    with server.serving_in_background(server.create_app(model, cfg)) as url:
+        refused = httpx.post(f"{url}/attention", json={"source": "\u200b"})
+        assert refused.status_code == 422
+        assert refused.json() == {"error": "source: has no token the model reads: there is nothing to attend to",
+                                  "field": "source"}
+        answer = httpx.post(f"{url}/translate", json={"text": ["\u200b", "a b"]})
+        assert answer.status_code == 200 and answer.json()["translations"][0] == [{"text": "", "score": 0.0}]
 
 
 def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):

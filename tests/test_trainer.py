@@ -387,6 +387,63 @@ class _GrowingEpochs:
         self.sampler.load_state_dict(state)
 
 
+class _EpochOwnBatches:
+    """A sampler whose epochs each have their own batch count, built for the epoch a state names when it is loaded
+    (as BPE-dropout's re-segmented epochs): epoch e packs ``max_tokens + 12 e`` tokens a batch."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        if getattr(self, "epoch", None) != epoch:
+            self.epoch = epoch
+            self.sampler = make_sampler(PAIRS, replace(self.cfg, max_tokens=self.cfg.max_tokens + 12 * epoch))
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.set_epoch(int(state["epoch"]))
+        self.sampler.load_state_dict(state)
+
+
+def test_a_stop_at_an_epochs_last_step_resumes_with_the_next_epoch_whatever_its_batch_count(tmp_path):
+    cfg = training_config(max_epochs=3)
+    counts = [len(_EpochOwnBatches(cfg).sampler)] + [len(make_sampler(PAIRS, replace(cfg, max_tokens=48 + 12 * e)))
+                                                     for e in (1, 2)]
+    assert counts[0] > counts[1] > counts[2]  # epoch 1 ends before the batch count of epoch 0, a new process's
+
+    def trained(trainer: Trainer, record: list) -> None:
+        step = trainer.train_step
+        trainer.train_step = lambda group: (record.append([batch.indices for batch in group]), step(group))[1]
+
+    straight_groups = []
+    straight = make_trainer(tmp_path / "straight", cfg, PAIRS, sampler=_EpochOwnBatches(cfg))
+    trained(straight, straight_groups)
+    assert straight.fit().steps == sum(counts)
+
+    stopped = make_trainer(tmp_path / "run", replace(cfg, max_steps=counts[0] + counts[1]), PAIRS,
+                           sampler=_EpochOwnBatches(cfg))
+    stopped.fit()  # stops at the last step of epoch 1
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert state["sampler"]["epoch"] == 1 and state["sampler"]["position"] == state["sampler"]["batches"] == counts[1]
+    resumed_groups = []
+    resumed = make_trainer(tmp_path / "run", cfg, PAIRS, sampler=_EpochOwnBatches(cfg))  # a new process: epoch 0
+    resumed.load_state(state)
+    trained(resumed, resumed_groups)
+    assert resumed.fit().steps == sum(counts)
+    assert resumed_groups == straight_groups[-counts[2]:]  # epoch 2 alone: nothing of epoch 1 again
+    _assert_same(parameters(resumed), parameters(straight))
+
+
 def test_the_schedule_keeps_the_first_epochs_length_also_after_a_resume(tmp_path):
     cfg = training_config(max_epochs=3, schedule=Schedule.cosine)
     trainer = make_trainer(tmp_path, cfg, PAIRS, sampler=_GrowingEpochs(make_sampler(PAIRS, cfg)))

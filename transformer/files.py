@@ -117,11 +117,20 @@ def disk_full_while_building(folder: Path, error: BaseException) -> DiskFullErro
     return _disk_full(folder, error, f"nothing half-written was kept under {folder.name}")
 
 
-def _new_file_mode() -> int:
-    """The mode ``open()`` gives a new file: 0o666 less the process's umask."""
+def _new_file_mode(base: int = 0o666) -> int:
+    """The mode ``open()`` gives a new file (``mkdir``, with ``base`` 0o777, a new folder): less the umask."""
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return base & ~umask
+
+
+def temporary_folder(parent: str | Path, prefix: str) -> Path:
+    """A new folder in ``parent`` to build a folder in before renaming it into place: named ``prefix`` and random
+    characters, with the mode ``mkdir`` would give it (``tempfile.mkdtemp`` makes it private, and the rename keeps
+    that: an export or a cache that other accounts read would be closed to them)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    folder.chmod(_new_file_mode(0o777))
+    return folder
 
 
 def write_text(path: str | Path, text: str) -> None:

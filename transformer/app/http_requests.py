@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 from fastapi import Request
@@ -78,6 +79,9 @@ def parse_body(body: bytes) -> dict[str, Any]:
                                         f"{error.colno})") from None
     except RecursionError:  # [[[[... thousands deep
         raise RequestError(400, "body", "nests lists or objects deeper than the server reads") from None
+    except ValueError:  # an integer of more digits than Python converts from text
+        raise RequestError(400, "body", "holds a number of more digits than the server reads "
+                                        f"({sys.get_int_max_str_digits()})") from None
     if not isinstance(value, dict):
         raise RequestError(422, "body", f"must be a JSON object, got {_json_type(value)}")
     return value

@@ -56,7 +56,7 @@ from transformer.training import glove
 from transformer.training.checkpoints import CheckpointManager, average_checkpoints, choose_final_weights, save_model
 from transformer.training.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.training.optim import build_optimizer
-from transformer.training.resume import abandon_later_history, check_training_split, load_for_resume
+from transformer.training.resume import check_training_split, load_for_resume, take_up_history
 from transformer.training.run_lock import hold_run
 from transformer.training.trainer import Trainer
 from transformer.training.validation import make_validator
@@ -108,17 +108,17 @@ def build_training_data(cfg: TrainConfig, dist: DistContext,
 # --------------------------------------------------------------------------------------------------
 
 
-def _start_run(cfg: TrainConfig, dist: DistContext, held: ExitStack) -> tuple[dict[str, Any] | None, ckpt.RunDir]:
-    """Checks before any work, then the checkpoint to resume (checked against ``cfg``; None for a new run)
-    and the run directory to write into: ``output_dir``, or the resumed run's own directory (whose checkpoints
-    of later steps are moved aside when an earlier one is resumed). Rank 0 holds that directory until ``held``
-    closes: a second run into it is refused."""
+def _start_run(cfg: TrainConfig, dist: DistContext,
+               held: ExitStack) -> tuple[dict[str, Any] | None, Path | None, ckpt.RunDir]:
+    """Checks before any work, then the checkpoint to resume and its file (checked against ``cfg``; None for a new
+    run) and the run directory to write into: ``output_dir``, or the resumed run's own directory. Rank 0 holds that
+    directory until ``held`` closes: a second run into it is refused."""
     configure_threads(cfg.training.threads)
     set_deterministic(cfg.training.deterministic)
     seed_everything(cfg.training.seed)
     if cfg.resume is None:
         glove.check_dimension(cfg.model.glove, cfg.model.d_model)  # a resumed run's vectors are in its weights
-        resumed, run = None, ckpt.RunDir(Path(cfg.output_dir))
+        resumed, path, run = None, None, ckpt.RunDir(Path(cfg.output_dir))
         _hold(run, "output_dir", dist, held)
         if dist.is_main and run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):  # the others: rank 0's
             raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
@@ -127,14 +127,11 @@ def _start_run(cfg: TrainConfig, dist: DistContext, held: ExitStack) -> tuple[di
     else:
         resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
         _hold(run, "resume", dist, held)
-        checkpoints = CheckpointManager(run.checkpoints, cfg.training.keep_last)
         for stale in files.remove_stale_temporaries(run.checkpoints) if dist.is_main else []:  # never read, only space
             log.info("removed %s, which a write killed midway left", stale)
-        if broadcast_object(abandon_later_history(checkpoints, resumed, path) if dist.is_main else None):
-            resumed.update(best_bleu=None, best_step=None, bad_validations=0, last_valid_step=None)
     run = ckpt.RunDir(Path(broadcast_object(str(run.root))))  # under torchrun, ranks may have timestamped dirs apart
     run.root.mkdir(parents=True, exist_ok=True)
-    return resumed, run
+    return resumed, path, run
 
 
 def _hold(run: ckpt.RunDir, key: str, dist: DistContext, held: ExitStack) -> None:
@@ -185,10 +182,10 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
                   data=anchored(cfg.data))
     try:
         with ExitStack() as held:
-            resumed, run = _start_run(cfg, dist, held)
+            resumed, resumed_path, run = _start_run(cfg, dist, held)
             with _log_into(run.log_file if resumed is not None and dist.is_main else None):
                 try:
-                    metrics = _train(cfg, dist, resumed, run, recipe)
+                    metrics = _train(cfg, dist, resumed, resumed_path, run, recipe)
                 except files.DiskFullError as error:  # the same command again would be refused as a new run there
                     if not any(run.checkpoints.glob("*.pt")):
                         raise
@@ -200,8 +197,8 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
         cleanup()
 
 
-def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, run: ckpt.RunDir,
-           recipe: list[str] | None) -> dict[str, Any]:
+def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, resumed_path: Path | None,
+           run: ckpt.RunDir, recipe: list[str] | None) -> dict[str, Any]:
     if resumed is not None:
         log.info("resuming the run in %s at step %d; its log and checkpoints continue there", run.root, resumed["step"])
     for split in (cfg.data.valid_split, cfg.data.test_split) if dist.is_main else ():
@@ -225,6 +222,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
                               max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
     trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
     if resumed is not None:
+        take_up_history(resumed, resumed_path, CheckpointManager(run.checkpoints, cfg.training.keep_last), dist)
         trainer.load_state(resumed)
     result = trainer.fit()
     metrics: dict[str, Any] = {"train": asdict(result)}

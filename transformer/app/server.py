@@ -160,6 +160,8 @@ class Service:
         if self.model.attention is None:
             raise RequestError(503, "attention", self.model.attention_missing)
         tokens, _ = self._tokens([source], ["source"], self.translator.max_positions)
+        if tokens == 0:  # characters the tokenizer drops, such as a zero-width space
+            raise RequestError(422, "source", "has no token the model reads: there is nothing to attend to")
         if tokens > self.cfg.max_request_tokens:
             raise RequestError(413, "source", f"{tokens} tokens; a request takes at most "
                                               f"{self.cfg.max_request_tokens}")

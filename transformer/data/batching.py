@@ -245,7 +245,8 @@ class TokenBucketSampler:
 
     Resume: ``state_dict()`` gives ``{"epoch", "position", "batches"}`` where ``position`` counts the batches
     this rank has already been handed in that epoch, of ``batches`` (``len(self)``: ``position == batches`` is an
-    epoch's end, whatever the number of processes). After ``load_state_dict``, the next iteration
+    epoch's end, whatever the number of processes, and loads as this sampler's own end). After ``load_state_dict``,
+    the next iteration
     yields exactly the remaining batches of that epoch; later iterations start at the beginning.
     If a consumer prefetches from this sampler, it saves the count of batches actually trained on.
     """
@@ -316,6 +317,8 @@ class TokenBucketSampler:
 
     def load_state_dict(self, state: dict) -> None:
         position = int(state["position"])
+        if position > 0 and position == state.get("batches"):  # an epoch's end, written with another batch count
+            position = self._n_batches  # (another number of processes, another epoch's re-segmented pairs)
         if not 0 <= position <= self._n_batches:
             raise ValueError(f"sampler state position {position} is outside 0..{self._n_batches}")
         self.epoch, self._position, self._resume_from = int(state["epoch"]), position, position

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import asdict
@@ -53,7 +52,14 @@ from transformer.data.corpus import (
 from transformer.data.encoding import EncodedChunk, NpyWriter, encoded_chunks
 from transformer.data.splits import corpus_paths
 from transformer.data.tokenizer import Tokenizer, build_tokenizers, load_tokenizers, save_tokenizers, tokenizer_digest
-from transformer.files import disk_full_while_building, fsync_directory, fsync_file, sha256, write_json
+from transformer.files import (
+    disk_full_while_building,
+    fsync_directory,
+    fsync_file,
+    sha256,
+    temporary_folder,
+    write_json,
+)
 from transformer.tracking import ProgressBar
 
 log = logging.getLogger(__name__)
@@ -137,8 +143,7 @@ def _building(final: Path, key: dict[str, Any]) -> Iterator[Path]:
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(final)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-{os.getpid()}-"))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+    tmp = temporary_folder(final.parent, f".{final.name}.tmp-{os.getpid()}-")
     try:
         yield tmp
         try:

@@ -25,7 +25,6 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +203,7 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
     spec = build_spec(trained.model, trained.src_tok, trained.tgt_tok)
     spec.validate()
     spec.optimize(quantization=None if quantization == "none" else quantization)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = files.temporary_folder(out.parent, f".{out.name}.")
     try:
         spec.save(str(tmp))
         tokenizers = {side: _save_tokenizer(tok, tmp, side) for side, tok in

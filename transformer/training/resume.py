@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
 from transformer.config import ConfigError, DataConfig, ModelConfig, flatten, to_plain_dict
 from transformer.training.checkpoints import CheckpointManager
+from transformer.training.distributed import DistContext, broadcast_object
 from transformer.training.loop_state import mid_epoch
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,17 @@ def check_training_split(resumed: dict[str, Any], n_pairs: int, digest: str | No
                 "run", files, change)
 
 
+def take_up_history(state: dict[str, Any], path: Path, checkpoints: CheckpointManager, dist: DistContext) -> None:
+    """Make the resumed checkpoint ``state`` (the file ``path``) the run's history, on every process, as the last
+    step before training goes on: after the process count is checked (:func:`check_process_count`), the last
+    refusal a resume can meet, so that a refused resume leaves every file as it was. Rank 0 moves the checkpoints of
+    later steps aside (:func:`abandon_later_history`); where the history's best checkpoint is gone, every process
+    forgets the best record."""
+    check_process_count(state, dist.world_size)
+    if broadcast_object(abandon_later_history(checkpoints, state, path) if dist.is_main else None):
+        state.update(best_bleu=None, best_step=None, bad_validations=0, last_valid_step=None)
+
+
 def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any], path: Path) -> bool:
     """Resuming from an earlier checkpoint than the run's newest abandons the steps after it: move their
     checkpoints aside (nothing is deleted), so that rotation, averaging and ``best.pt`` hold the resumed history
@@ -185,15 +197,6 @@ def abandon_later_history(checkpoints: CheckpointManager, state: dict[str, Any],
     log.warning("the resumed history's best checkpoint (step %d) was rotated away: the next validation sets a "
                 "new best", best_step)
     return True
-
-
-def sampler_state(checkpoint: dict[str, Any], world_size: int, batches: int) -> dict[str, Any]:
-    """The sampler state to continue ``checkpoint`` with, ``world_size`` processes taking ``batches`` batches an
-    epoch each: the saved one (after :func:`check_process_count`), with an epoch's end made this sampler's own end
-    (its number of batches differs with the number of processes)."""
-    check_process_count(checkpoint, world_size)
-    saved = checkpoint["sampler"]
-    return {**saved, "position": batches} if saved["position"] > 0 and not mid_epoch(saved) else saved
 
 
 def check_process_count(checkpoint: dict[str, Any], world_size: int) -> None:

@@ -49,7 +49,7 @@ from transformer.training.distributed import DistContext
 from transformer.training.horizon import Horizon
 from transformer.training.loop_state import LoopState
 from transformer.training.optim import set_learning_rate
-from transformer.training.resume import sampler_state
+from transformer.training.resume import check_process_count
 from transformer.training.step import BatchLike, TrainStep
 from transformer.training.step_window import Reading, StepWindow
 
@@ -175,8 +175,9 @@ class Trainer:
         self.model.load_state_dict(checkpoint["model"])
         self._step.load_optimizer_state(checkpoint["optimizer"])
         self.state = LoopState.from_checkpoint(checkpoint)
-        try:
-            self.sampler.load_state_dict(sampler_state(checkpoint, self.dist.world_size, len(self.sampler)))
+        check_process_count(checkpoint, self.dist.world_size)
+        try:  # an epoch's end loads as the sampler's own end: its batch count differs with the number of processes
+            self.sampler.load_state_dict(checkpoint["sampler"])
         except ValueError as error:  # a checkpoint from before train_pairs was saved, on a changed training split
             raise CheckpointError(f"{error}: the checkpoint was written in an epoch of another training split (did "
                                   "the training files change?)") from None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import pytest
 
@@ -113,12 +115,19 @@ def test_torch_saves_failure_on_a_full_file_system_is_a_disk_full_error(tmp_path
 
     from transformer.files import DiskFullError
 
-    stats = namedtuple("stats", "f_bavail f_frsize")
-    monkeypatch.setattr(files.os, "statvfs", lambda path: stats(0, 4096))
+    stats = namedtuple("stats", "f_bavail f_frsize f_flag")
+    monkeypatch.setattr(files.os, "statvfs", lambda path: stats(0, 4096, 0))
     with pytest.raises(DiskFullError, match=r"ENOSPC\) while writing .*new\.pt; new\.pt was not written"):
         with files.atomic_write(tmp_path / "new.pt") as handle:
             handle.write(b"PK")
             raise RuntimeError("[enforce fail at inline_container.cc] PytorchStreamWriter failed writing file")
+    with pytest.raises(FileNotFoundError):  # an error that names its cause keeps it, whatever the space left
+        with files.atomic_write(tmp_path / "new.pt") as handle:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "x"))
+    monkeypatch.setattr(files.os, "statvfs", lambda path: stats(0, 4096, os.ST_RDONLY))
+    with pytest.raises(RuntimeError, match="PytorchStreamWriter"):  # a read-only file system has no space to give
+        with files.atomic_write(tmp_path / "new.pt") as handle:
+            raise RuntimeError("PytorchStreamWriter failed writing file")
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="an ordinary failure"):  # with space left, an error stays what it was
         with files.atomic_write(tmp_path / "new.pt") as handle:

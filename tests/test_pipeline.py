@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import logging
@@ -286,6 +287,13 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
         source.write_bytes(mark + b"a\nf g\n")
         pipeline.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}", "overwrite=true")))
         translations.append(out.read_text(encoding="utf-8"))
+    packed = tmp_path / "in.txt.gz"  # compressed as a corpus may be: read as the corpus reader reads it
+    packed.write_bytes(gzip.compress(b"a\nf g\n"))
+    pipeline.translate(OmegaConf.to_object(translate(f"input={packed}", f"output={out}", "overwrite=true")))
+    assert out.read_text(encoding="utf-8") == translations[0]
+    packed.write_bytes(gzip.compress(b"a\nf g\n")[:-12])  # cut short
+    with pytest.raises(ConfigError, match=rf"^input: {packed} begins as gzip but cannot be decompressed"):
+        pipeline.translate(OmegaConf.to_object(translate(f"input={packed}", f"output={out}", "overwrite=true")))
     assert translations[0] == translations[1]
 
     source.write_bytes(b"a b\nc \xff d\n")
@@ -498,6 +506,20 @@ def test_glove_initialises_the_source_embeddings_frozen_also_after_a_resume(comp
     weight = trained.model.src_token_embedding.weight
     for word, vector in rows.items():
         assert torch.equal(weight[trained.src_tok.encode(word)[0]], torch.tensor(vector))  # frozen: unchanged
+
+
+def test_a_validation_split_that_begins_with_a_blank_source_trains_and_is_warned_of_once(compose_config, toy_corpus,
+                                                                                         tmp_path, caplog):
+    lines = (toy_corpus / "val.src").read_text(encoding="utf-8").splitlines(keepends=True)
+    (toy_corpus / "val.src").write_text("\n" + "".join(lines[1:]), encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        metrics = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=4",
+                         "training.validate_every_steps=2")
+    assert metrics["train"]["steps"] == 4 and "test_bleu" in metrics  # validated twice, drew the alignment figure
+    warned = [r.getMessage() for r in caplog.records if "with an empty side" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith("val.tgt: 1 line(s) with an empty side (1), scored as they are "
+                                                   "(an empty source translates to an empty line; an empty reference "
+                                                   "is scored as empty)")
 
 
 def test_resume_continues_in_its_run_directory_and_refuses_other_batches(compose_config, toy_corpus, tmp_path,

@@ -119,6 +119,15 @@ def test_too_large_vocabulary_gives_a_clear_error():
         train_sentencepiece(["a small corpus", "with few words"] * 10, cfg)
 
 
+def test_a_vocabulary_smaller_than_the_characters_is_called_too_small():
+    text = ["a small corpus", "with few words"] * 10  # 14 distinct characters and the word boundary
+    needed = len(set("".join(text).replace(" ", ""))) + 1 + 4  # + "▁" + <pad>, <unk>, <s>, </s>
+    with pytest.raises(TokenizerError, match=rf"^data\.tokenizer\.vocab_size=10 is too small for the characters of "
+                                             rf"the training text: set data\.tokenizer\.vocab_size >= {needed} "):
+        train_sentencepiece(text, TokenizerConfig(vocab_size=10))
+    assert train_sentencepiece(text, TokenizerConfig(vocab_size=needed, model_type=SentencePieceModel.bpe))
+
+
 # --------------------------------------------------------------------------------------------------
 # Word level
 # --------------------------------------------------------------------------------------------------

@@ -139,3 +139,19 @@ def test_a_disabled_tracker_draws_nothing(monkeypatch) -> None:
     src, ref = _texts(4, 0, SRC_WORDS), _texts(4, 1, [f"w{i}" for i in range(20)])
     metrics = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, **_settings(_config()), tracker=tracker)(_model(), 1)
     assert set(metrics) == {"loss", "ppl", "bleu", "chrf"} and tracker.images == []
+
+
+def test_the_alignment_is_drawn_for_the_first_sentence_with_source_tokens(monkeypatch) -> None:
+    model, cfg, tracker = _model(), _config(), RecordingTracker()
+    src = ["", "   ", *_texts(4, 0, SRC_WORDS)]  # a validation file that begins with blank source lines
+    ref = _texts(6, 1, [f"w{i}" for i in range(20)])
+    drawn = []
+    real = validation.compute_attention_maps
+    monkeypatch.setattr(validation, "compute_attention_maps",
+                        lambda model, src_ids, tgt_ids, **kwargs: (drawn.append(list(src_ids)),
+                                                                   real(model, src_ids, tgt_ids, **kwargs))[1])
+    metrics = validation.make_validator(src, ref, SRC_TOK, TGT_TOK, **_settings(cfg), tracker=tracker)(model, 3)
+    assert drawn == [SRC_TOK.encode(src[2])] and len(tracker.images) == 1 and math.isfinite(metrics["loss"])
+    blank = RecordingTracker()
+    validation.make_validator(["", " "], ["w1", "w2"], SRC_TOK, TGT_TOK, **_settings(cfg), tracker=blank)(model, 4)
+    assert blank.images == [] and len(blank.texts) == 1  # no source to draw: the samples only

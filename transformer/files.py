@@ -97,11 +97,12 @@ def _disk_full(path: Path, error: BaseException, outcome: str | None = None) -> 
     if isinstance(error, DiskFullError):
         return error
     full = isinstance(error, OSError) and error.errno in _FULL
-    failed_write = isinstance(error, (OSError, RuntimeError))
-    if not full and failed_write:
+    # an error that names no cause (torch.save's, a short write's EIO), not one that names another (ENOENT, EACCES)
+    unexplained = isinstance(error, RuntimeError) or (isinstance(error, OSError) and error.errno in (None, errno.EIO))
+    if not full and unexplained:
         try:
-            stats = os.statvfs(path.parent)
-            full = stats.f_bavail * stats.f_frsize < 1 << 20
+            stats = os.statvfs(path.parent)  # a read-only file system (squashfs, /proc) has no space, and needs none
+            full = not stats.f_flag & os.ST_RDONLY and stats.f_bavail * stats.f_frsize < 1 << 20
         except OSError:
             full = False
     if not full:

@@ -201,12 +201,13 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
            run: ckpt.RunDir, recipe: list[str] | None) -> dict[str, Any]:
     if resumed is not None:
         log.info("resuming the run in %s at step %d; its log and checkpoints continue there", run.root, resumed["step"])
-    for split in (cfg.data.valid_split, cfg.data.test_split) if dist.is_main else ():
-        load_split(cfg.data, split)  # a missing or broken split stops the run before the training data is built
+    # read first: a missing or broken split stops the run before the training data is built (rank 0 scores them)
+    scored = {split: load_split(cfg.data, split) for split in (cfg.data.valid_split, cfg.data.test_split)
+              if dist.is_main}
     src_tok, tgt_tok, train_set = build_training_data(cfg, dist, resumed["tokenizers"] if resumed else None)
     if resumed is not None:
         check_training_split(resumed, len(train_set), train_set.digest, cfg.data)
-    valid_src, valid_ref = load_split(cfg.data, cfg.data.valid_split)
+    valid_src, valid_ref = scored.get(cfg.data.valid_split) or load_split(cfg.data, cfg.data.valid_split)
 
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
@@ -228,7 +229,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     metrics: dict[str, Any] = {"train": asdict(result)}
     if dist.is_main:
         metrics.update(_final_evaluation(cfg, run, model, src_tok, tgt_tok, dist.device, tracker,
-                                         valid_src, valid_ref, result.steps))
+                                         scored[cfg.data.valid_split], scored[cfg.data.test_split], result.steps))
         files.write_json(run.metrics, metrics)
         tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
     tracker.close()
@@ -292,11 +293,14 @@ def _hparams(cfg: TrainConfig) -> dict[str, Any]:
 
 def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, src_tok: Tokenizer,
                       tgt_tok: Tokenizer, device: torch.device, tracker: Tracker,
-                      valid_src: list[str], valid_ref: list[str], step: int) -> dict[str, Any]:
+                      valid: tuple[list[str], list[str]], test: tuple[list[str], list[str]],
+                      step: int) -> dict[str, Any]:
     """Choose the final weights, save them as final.pt (with tokenizers and config), score them on the test set.
 
     The candidates (the best checkpoint, the average of the last ones) are compared by their validation BLEU under
-    the search the test set is decoded with (``cfg.eval``), on the sentences validation translates."""
+    the search the test set is decoded with (``cfg.eval``), on the sentences validation translates. ``valid`` and
+    ``test``: the (source, reference) lines of the splits."""
+    (valid_src, valid_ref), (test_src, test_ref) = valid, test
     n_valid = cfg.training.valid_max_sentences or len(valid_src)
 
     def validate_weights(weights: dict[str, torch.Tensor]) -> float:
@@ -309,7 +313,6 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
     model.load_state_dict(final.weights)
     save_model(final.weights, ckpt.load_checkpoint(run.last, map_location="cpu"), run.final, source=final.source)
 
-    test_src, test_ref = load_split(cfg.data, cfg.data.test_split)
     scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device, cfg.data.tgt)
     files.write_text(run.test_hypotheses, "\n".join(hypotheses) + "\n")
     tracker.scalars(scores.scalars("test/"), step=step)
@@ -358,7 +361,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     if cfg.longer_than is not None:
         src, refs = _longer_than(src, refs, src_tok, tgt_tok, cfg.longer_than)
         name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
-    check_indices(cfg.attention, len(src))  # before the test set is decoded
+    check_indices(cfg.attention, src, src_tok)  # before the test set is decoded
     if trained is None:
         hypotheses = [nbest[0] for nbest in translator.translate(src)]
         target_lang = translator.languages[1]

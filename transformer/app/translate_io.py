@@ -4,10 +4,12 @@ decoding so that a refusal loses no work, or stdout."""
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 import sys
 import warnings
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +39,7 @@ def check_output_file(path: str, input_path: str | None, overwrite: bool) -> Non
 def read_lines(path: str | None) -> list[str]:
     """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
     in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline, and a
-    UTF-8 byte-order mark at the start is dropped."""
+    UTF-8 byte-order mark at the start is dropped; gzip-compressed input is decompressed."""
     name = "stdin" if path is None else path
     if path is None and sys.stdin is None:
         raise ConfigError("input: stdin is closed; give input=FILE, or pipe the sentences in")
@@ -47,6 +49,11 @@ def read_lines(path: str | None) -> list[str]:
         raise ConfigError(f"input: {path} is a directory; give a text file with one sentence per line") from None
     except FileNotFoundError:
         raise ConfigError(f"input: {path} not found") from None
+    if data.startswith(b"\x1f\x8b"):  # gzip's magic bytes: read as the corpus reader reads a compressed corpus
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as error:
+            raise ConfigError(f"input: {name} begins as gzip but cannot be decompressed ({error})") from None
     rows = data.removeprefix(b"\xef\xbb\xbf").split(b"\n")  # a byte-order mark is not text, as the corpus reader has it
     if rows[-1] == b"":
         rows.pop()  # the newline that ends the last line

@@ -135,7 +135,7 @@ def train_sentencepiece(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
     for different thread counts (BPE does not). Logging is silenced.
 
     Raises:
-        TokenizerError: the corpus is too small for ``cfg.vocab_size``.
+        TokenizerError: the corpus is too small for ``cfg.vocab_size``, or it has more characters than that.
     """
     writer = io.BytesIO()
     try:
@@ -151,6 +151,12 @@ def train_sentencepiece(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
             minloglevel=2,
         )
     except RuntimeError as err:
+        too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(err))
+        if too_small:  # every character kept needs a piece of its own, as do <pad>, <unk>, <s> and </s>
+            raise TokenizerError(
+                f"data.tokenizer.vocab_size={cfg.vocab_size} is too small for the characters of the training text: "
+                f"set data.tokenizer.vocab_size >= {too_small.group(1)} (or a lower "
+                "data.tokenizer.character_coverage, which maps rare characters to <unk>)") from err
         found = re.search(r"value <= (\d+)", str(err))
         if "Vocabulary size" in str(err):
             hint = f" (at most {found.group(1)} for this corpus)" if found else ""

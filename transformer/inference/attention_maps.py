@@ -31,7 +31,7 @@ from torch import nn
 
 from transformer import files
 from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig
-from transformer.data.tokenizer import BOS_PIECE, EOS_PIECE
+from transformer.data.tokenizer import BOS_PIECE, EOS_PIECE, Tokenizer
 from transformer.inference.explorer import attention_json, standalone_page
 from transformer.inference.translation import translate
 
@@ -277,17 +277,25 @@ def pair_attention_maps(trained: TrainedModel, source: str, target: str, max_tok
     )
 
 
-def check_indices(cfg: AttentionDumpConfig, n_sentences: int) -> None:
-    """Refuse ``attention.indices`` outside a test set of ``n_sentences`` (before it is decoded)."""
+def check_indices(cfg: AttentionDumpConfig, sources: list[str], src_tok: Tokenizer) -> None:
+    """Refuse ``attention.indices`` outside the test set ``sources``, and a chosen sentence or text whose source has
+    no token (blank, or only characters the tokenizer drops): there is nothing to attend to. Before decoding."""
     for index in cfg.indices:
-        if not 0 <= index < n_sentences:
-            raise ConfigError(f"attention.indices: {index} is outside the test set (0..{n_sentences - 1})")
+        if not 0 <= index < len(sources):
+            raise ConfigError(f"attention.indices: {index} is outside the test set (0..{len(sources) - 1})")
+        if not src_tok.encode(sources[index]):
+            raise ConfigError(f"attention.indices: {index} is a test sentence whose source has no token (line "
+                              f"{index + 1}: {sources[index]!r}): there is nothing to attend to")
+    for i, text in enumerate(cfg.texts):
+        if not src_tok.encode(text):
+            raise ConfigError(f"attention.texts[{i}]: {text!r} has no token the model reads: there is nothing to "
+                              "attend to")
 
 
 def _chosen_sentences(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: EvalConfig, src: list[str],
                       refs: list[str], hypotheses: list[str]) -> list[tuple[str, str, str, str | None]]:
     """``(name, source, hypothesis, reference or None)`` for the test indices and texts ``cfg`` names."""
-    check_indices(cfg, len(src))
+    check_indices(cfg, src, trained.src_tok)
     chosen: list[tuple[str, str, str, str | None]] = [
         (f"test{index}", src[index], hypotheses[index], refs[index]) for index in cfg.indices]
     if cfg.texts:

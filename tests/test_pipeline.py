@@ -578,6 +578,24 @@ def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_a
                "uninterrupted run" in record.getMessage() for record in caplog.records)
 
 
+def test_a_run_whose_corpus_moved_resumes_from_the_new_folder_mid_epoch(compose_config, toy_corpus, tmp_path, caplog):
+    straight = _train(compose_config, toy_corpus, tmp_path / "straight", "training.max_steps=6")
+    _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=3")  # stops inside epoch 1
+    moved = toy_corpus.rename(tmp_path / "moved")
+    with pytest.raises(DataError, match=r"data\.dir=.*toy: directory not found"):
+        _train(compose_config, moved, tmp_path / "x", "training.max_steps=6", f"data.dir={toy_corpus}",
+               f"resume={tmp_path / 'run'}")
+    with caplog.at_level("WARNING"):
+        resumed = _train(compose_config, moved, tmp_path / "x", "training.max_steps=6", f"resume={tmp_path / 'run'}")
+    assert any("data.dir: the checkpoint" in r.getMessage() and "this run reads" in r.getMessage()
+               for r in caplog.records)
+    assert resumed["train"]["steps"] == 6 and resumed["test_bleu"] == straight["test_bleu"]  # the same run
+    (moved / "train.src").write_text("a b\n" + (moved / "train.src").read_text(encoding="utf-8").split("\n", 1)[1])
+    with pytest.raises(CheckpointError, match=r"holds other pairs than the run trained on"):  # its content is checked
+        _train(compose_config, moved, tmp_path / "y", "training.max_steps=9", f"resume={tmp_path / 'straight'}",
+               "training.validate_every_steps=1000")
+
+
 def test_resuming_an_earlier_checkpoint_retrains_the_same_steps(compose_config, toy_corpus, tmp_path):
     """Back to step 4 of a finished 8-step run: the later checkpoints move aside and the same 4 steps come again."""
     steps = ["training.max_steps=8", "training.validate_every_steps=4", "training.average_last=0"]

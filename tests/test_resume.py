@@ -68,6 +68,18 @@ def test_a_corpus_folder_named_relative_or_absolute_is_the_same_folder(tmp_path,
         check_resume_config(saved, _set(SAVED, "data.dir", str(tmp_path / "other")), "run/last.pt")
 
 
+def test_a_corpus_that_moved_is_resumed_where_the_checkpoint_can_check_its_training_split(caplog):
+    saved, moved = _set(SAVED, "data.dir", "/data/corpus"), _set(SAVED, "data.dir", "/elsewhere/corpus")
+    with pytest.raises(ConfigError, match=r"data\.dir: the checkpoint .* was trained with '/data/corpus'"):
+        check_resume_config(saved, moved, "run/last.pt")  # no digest (before version 0.9.2): the folder must match
+    with caplog.at_level("WARNING"):
+        check_resume_config(saved, moved, "run/last.pt", digest_checked=True)
+    assert "data.dir: the checkpoint run/last.pt was trained on the corpus in /data/corpus, this run reads " \
+           "/elsewhere/corpus: it continues if the training split there holds the same pairs" in caplog.text
+    with pytest.raises(ConfigError, match=r"data\.train_dir: "):  # another split of the corpus is another corpus
+        check_resume_config(saved, _set(moved, "data.train_dir", "diversified"), "run/last.pt", digest_checked=True)
+
+
 @pytest.mark.parametrize(("key", "value"), [
     ("training.max_steps", 50), ("training.max_epochs", 3), ("training.max_minutes", 5.0),
     ("training.validate_every_steps", 10), ("training.keep_last", 9), ("training.log_every_steps", 1),

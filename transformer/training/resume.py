@@ -51,7 +51,8 @@ def _under(key: str, prefixes: Sequence[str]) -> bool:
     return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
 
 
-def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: str | Path) -> None:
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: str | Path, *,
+                        digest_checked: bool = False) -> None:
     """Refuse to resume checkpoint ``path`` with a config that would not continue it; warn where it changes
     the optimisation only.
 
@@ -59,6 +60,9 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
         saved: the resolved config stored in the checkpoint (``checkpoint["config"]``).
         current: this run's resolved config as plain values (``to_plain_dict(cfg)``).
         path: the checkpoint, for the messages.
+        digest_checked: the checkpoint holds a digest of its training split, which :func:`check_training_split`
+            compares once the split is encoded: then ``data.dir`` may name another folder (a corpus that moved),
+            with a warning, since what is in it is checked.
 
     Raises:
         ConfigError: naming the first differing key of :data:`RESUME_MUST_MATCH`, both values and why, and the
@@ -74,6 +78,11 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
         if old[key] is None and key in DEVICE_DEFAULTS:
             continue  # an older run left the device's default unresolved: it is not known, so not compared
         if old[key] == new[key] or _under(key, RESUME_INIT_ONLY) or _same_folder(key, old[key], new[key]):
+            continue
+        if key == "data.dir" and digest_checked and None not in (old[key], new[key]):
+            log.warning("data.dir: the checkpoint %s was trained on the corpus in %s, this run reads %s: it "
+                        "continues if the training split there holds the same pairs (checked once it is encoded)",
+                        path, old[key], new[key])
             continue
         if _under(key, RESUME_MUST_MATCH):
             refused.append(key)
@@ -134,7 +143,7 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
     if "optimizer" not in state:
         raise CheckpointError(f"{path}: holds model weights only (no optimizer state), as final.pt and averaged "
                               f"checkpoints do; resume from {run.last} or the run directory {run.root}")
-    check_resume_config(state["config"], config, path)
+    check_resume_config(state["config"], config, path, digest_checked=state.get("train_digest") is not None)
     return state, run, path
 
 

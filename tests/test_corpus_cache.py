@@ -359,6 +359,14 @@ def test_tokenizers_train_on_a_bounded_deterministic_sample(tmp_path, corpus, mo
     assert seen[2] == src + tgt  # the whole split fits: all of it, in order, source side first
 
 
+def test_a_joint_sample_that_drew_nothing_of_one_side_names_max_sentences(tmp_path, corpus):
+    cfg = _cfg(tmp_path, tokenizer={"max_sentences": 1})
+    assert cfg.tokenizer.joint
+    with pytest.raises(ConfigError, match=r"^data\.tokenizer\.max_sentences=1: the joint sample of both sides drew no "
+                                          r"line of .*train\.(xx|yy); sample more sentences"):
+        load_or_build(cfg)
+
+
 def test_multi30k_tokenizer_is_the_one_trained_on_the_whole_split(tmp_path):
     source = multi30k_dir()
     if not (source / "train.en.gz").is_file():

@@ -178,6 +178,16 @@ def test_the_command_line_reports_a_bad_override_in_one_line(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr and "n_head" in done.stderr
 
 
+def test_seeds_are_read_as_a_list_and_a_seed_given_twice_is_refused(capsys):
+    parser = recipes.command_line()
+    args = parser.parse_intermixed_args(["ensemble", "out", "--seeds", "1234,1 2", "--backward-seeds", "none"])
+    assert (args.seeds, args.backward_seeds) == ([1234, 1, 2], [])
+    with pytest.raises(SystemExit) as refused:
+        parser.parse_intermixed_args(["ensemble", "out", "--seeds", "1,2,1"])
+    assert refused.value.code == 2
+    assert "--seeds: seed 1 is given twice in '1,2,1': a seed names one run" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
 def test_best_gpu_refuses_a_machine_without_a_gpu_and_names_the_cpu_recipe(tmp_path):
     with pytest.raises(ConfigError, match="torch sees none here.*transformer-recipe diversified"):

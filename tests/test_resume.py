@@ -242,6 +242,12 @@ def test_resume_names_a_target_that_is_missing_or_outside_a_run(tmp_path):
                                               rf"first save, or not a run's folder\): start the run anew, with its "
                                               rf"overrides and hydra\.run\.dir={started.root}$"):
             load_for_resume(target, SAVED)
+    corpus = tmp_path / "corpus"  # a folder of anything else: a run must not be started into it
+    corpus.mkdir()
+    (corpus / "train.en").write_text("a\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^resume: {corpus} is not a run's folder \(no checkpoints/, train\.log or "
+                                          r"\.hydra/\); give the folder of the run to continue"):
+        load_for_resume(corpus, SAVED)
 
 
 def _history(run: RunDir, steps: list[int], best: int) -> CheckpointManager:

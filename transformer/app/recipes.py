@@ -286,9 +286,12 @@ def _seeds(text: str) -> list[int]:
     if text.strip() == "none":
         return []
     try:
-        return [int(seed) for seed in text.replace(" ", ",").split(",") if seed]
+        seeds = [int(seed) for seed in text.replace(" ", ",").split(",") if seed]
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds are integers separated by commas (or none), got {text!r}") from None
+    if twice := sorted({seed for seed in seeds if seeds.count(seed) > 1}):
+        raise argparse.ArgumentTypeError(f"seed {twice[0]} is given twice in {text!r}: a seed names one run")
+    return seeds
 
 
 def command_line(description: str | None = None) -> argparse.ArgumentParser:

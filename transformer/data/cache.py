@@ -233,6 +233,9 @@ def cached_tokenizers(cfg: DataConfig, src_path: Path, tgt_path: Path,
         return (*load_tokenizers(folder), meta["n_pairs"])
     src_text, tgt_text, n_pairs = _sample_training_text(cfg, src_path, tgt_path, progress)
     for path, text in ((src_path, src_text), (tgt_path, tgt_text)):
+        if not text and n_pairs:  # a joint sample that drew every line from the other side
+            raise ConfigError(f"data.tokenizer.max_sentences={cfg.tokenizer.max_sentences}: the joint sample of both "
+                              f"sides drew no line of {path}; sample more sentences (the default is 1000000)")
         if not any(text):  # SentencePiece would stop with an internal error
             lines = f"all {len(text)} lines" if n_pairs <= len(text) else f"the {len(text)} lines sampled of {n_pairs}"
             raise DataError(f"{path}: {lines} are blank, so no tokenizer can be learnt; are the files empty or blank?")

@@ -234,6 +234,9 @@ def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
         run = RunDir(target.parent if target.name == "checkpoints" and not RunDir(target).checkpoints.is_dir()
                      else target)  # RUN/checkpoints means RUN
         if not any(run.checkpoints.glob("*.pt")):
+            if not (run.checkpoints.is_dir() or run.log_file.is_file() or (run.root / ".hydra").is_dir()):
+                raise ConfigError(f"resume: {run.root} is not a run's folder (no checkpoints/, train.log or .hydra/); "
+                                  "give the folder of the run to continue, outputs/train/<run>")
             raise ConfigError(f"resume: {run.root} holds no checkpoint (a run stopped before its first save, or not a "
                               f"run's folder): start the run anew, with its overrides and hydra.run.dir={run.root}")
         return run, run.last

@@ -15,6 +15,7 @@ from transformer.data.batching import (
     batch_cost,
     collate,
     collate_arrays,
+    count_oversized,
     padding_efficiency,
     prefetched,
 )
@@ -225,6 +226,17 @@ def test_sampler_budget_counts_the_rounded_lengths():
         assert batch_cost(len(b), max(src[i] for i in b), max(tgt[i] for i in b), 8) <= 256 or len(b) == 1
     # rounding makes batches no fuller than without it
     assert len(sampler) >= len(TokenBucketSampler(src, tgt, 256, seed=2))
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_the_pairs_counted_oversized_are_those_the_sampler_batches_alone(multiple):
+    src, tgt = _lengths(300, seed=5)
+    for budget in (16, 40, 10_000):
+        over = {i for i in range(300) if batch_cost(1, src[i], tgt[i], multiple) > budget}
+        assert count_oversized(src, tgt, budget, multiple) == len(over)
+        batches = list(TokenBucketSampler(src, tgt, budget, seed=0, pad_to_multiple=multiple))
+        assert all([i] in batches for i in over)
+    assert count_oversized([0, 3], [0, 3], 2) == 1  # an empty source still costs a position
 
 
 def test_prefetcher_keeps_order_and_passes_errors_on():

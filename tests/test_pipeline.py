@@ -512,11 +512,20 @@ def test_a_validation_split_that_begins_with_a_blank_source_trains_and_is_warned
                                                                                          tmp_path, caplog):
     lines = (toy_corpus / "val.src").read_text(encoding="utf-8").splitlines(keepends=True)
     (toy_corpus / "val.src").write_text("\n" + "".join(lines[1:]), encoding="utf-8")
+    for side in ("src", "tgt"):
+        with open(toy_corpus / f"train.{side}", "a", encoding="utf-8") as train:
+            train.write("a b c d e f g h a b\n" * 2)
     with caplog.at_level("WARNING"):
         metrics = _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=4",
                          "training.validate_every_steps=2")
     assert metrics["train"]["steps"] == 4 and "test_bleu" in metrics  # validated twice, drew the alignment figure
     warned = [r.getMessage() for r in caplog.records if "with an empty side" in r.getMessage()]
+    assert not any("alone: each gets a batch" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _train(compose_config, toy_corpus, tmp_path / "small", "training.max_steps=1", "training.max_tokens=16")
+    assert "2 of 402 training pairs cost more than training.max_tokens=16 positions alone: each gets a batch of its " \
+           "own" in caplog.text  # the two of 10 words: 10 + 10 + 1 positions
     assert len(warned) == 1 and warned[0].endswith("val.tgt: 1 line(s) with an empty side (1), scored as they are "
                                                    "(an empty source translates to an empty line; an empty reference "
                                                    "is scored as empty)")

@@ -32,7 +32,7 @@ from transformer.app.translate_io import (
 )
 from transformer.config import ConfigError, ModelConfig, TrainConfig, flatten, from_plain_dict, to_plain_dict
 from transformer.data import cache as corpus_cache
-from transformer.data.batching import Batch, TokenBucketSampler, collate_arrays
+from transformer.data.batching import Batch, TokenBucketSampler, collate_arrays, count_oversized
 from transformer.data.corpus import DataError, TranslationDataset, read_parallel
 from transformer.data.splits import anchored, corpus_paths, load_split
 from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSampler
@@ -249,6 +249,10 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
                                   seed=cfg.training.seed, rank=dist.rank, world_size=dist.world_size,
                                   pad_to_multiple=multiple)
 
+    over = count_oversized(train_set.src_lengths, train_set.tgt_lengths, cfg.training.max_tokens, multiple)
+    if over and dist.is_main:
+        log.warning("%d of %d training pairs cost more than training.max_tokens=%d positions alone: each gets a batch "
+                    "of its own", over, len(train_set), cfg.training.max_tokens)
     sampler: TokenBucketSampler | ResegmentingSampler
     if cfg.training.bpe_dropout > 0:
         corpus = ResegmentedCorpus(train_set, src_tok, tgt_tok, cfg.training.bpe_dropout,  # type: ignore[arg-type]

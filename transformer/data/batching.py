@@ -77,6 +77,15 @@ def batch_cost(n_sentences: int, max_src_len: int, max_tgt_len: int, pad_to_mult
     return n_sentences * src_len + n_sentences * round_up(max_tgt_len + 1, pad_to_multiple)
 
 
+def count_oversized(src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray, max_tokens: int,
+                    pad_to_multiple: int = 1) -> int:
+    """How many pairs cost more than ``max_tokens`` alone (:func:`batch_cost` of one): each gets a batch of its own."""
+    src = np.maximum(np.asarray(src_lengths, dtype=np.int64), 1)
+    tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
+    cost = -(-src // pad_to_multiple) * pad_to_multiple + -(-tgt // pad_to_multiple) * pad_to_multiple
+    return int((cost > max_tokens).sum())
+
+
 def _gather_padded(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int, shift: int,
                    pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Rows ``tokens[starts[r]:starts[r] + lengths[r]]`` placed at columns ``shift…`` of a (rows, width) matrix.

@@ -37,6 +37,7 @@ def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenize
     n_bleu = training.valid_max_sentences or len(valid_src)
     greedy = replace(eval_cfg, beam_size=1, n_best=1)
     figure_tokens = AttentionDumpConfig().max_tokens  # cut as transformer-evaluate cuts its attention figures
+    drawn = next((i for i in range(min(n_bleu, len(src_ids))) if src_ids[i]), None)  # a source with tokens
 
     @torch.inference_mode()
     def validate(model: nn.Module, step: int) -> dict[str, float]:
@@ -53,7 +54,8 @@ def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenize
                                                        device, max_positions)]
         scores = corpus_scores(hypotheses, valid_ref[:n_bleu])
         _log_samples(tracker, valid_src, valid_ref, hypotheses, training.n_samples, step)
-        _log_attention(tracker, model, src_tok, tgt_tok, valid_src[0], hypotheses[0], step, figure_tokens)
+        if drawn is not None:
+            _log_attention(tracker, model, src_tok, tgt_tok, valid_src[drawn], hypotheses[drawn], step, figure_tokens)
         model.train(was_training)
         n_tokens = max(n_tokens, 1)
         return {"loss": nll / n_tokens, "ppl": perplexity(nll, n_tokens), "bleu": scores.bleu, "chrf": scores.chrf}
@@ -69,7 +71,8 @@ def _log_samples(tracker: Tracker, src: list[str], ref: list[str], hyp: list[str
 def _log_attention(tracker: Tracker, model: nn.Module, src_tok: Tokenizer, tgt_tok: Tokenizer,
                    source: str, hypothesis: str, step: int, max_tokens: int) -> None:
     """The source-target alignment (last layer, head-averaged cross-attention) of the first validation
-    sentence, teacher-forced on the model's own translation: one picture per validation, cheap to draw.
+    sentence whose source has tokens, teacher-forced on the model's own translation: one picture per validation,
+    cheap to draw.
     Both sides are cut to ``max_tokens`` tokens."""
     if not tracker.enabled:
         return

@@ -193,6 +193,19 @@ def test_a_whole_number_written_as_4_0_is_the_integer_4_and_health_answers_head(
     assert head.status_code == 200 and head.content == b""
 
 
+def test_a_body_that_starts_with_a_byte_order_mark_is_read_as_without_it(served):
+    url, _ = served
+    for path, body in (("translate", b'{"text": ["a b c", "d e"], "beam_size": 2}'),
+                       ("attention", b'{"source": "a b"}')):
+        plain = httpx.post(f"{url}/{path}", content=body, headers={"Content-Type": "application/json"})
+        marked = httpx.post(f"{url}/{path}", content=b"\xef\xbb\xbf" + body,
+                            headers={"Content-Type": "application/json"})
+        assert plain.status_code == marked.status_code == 200 and marked.json() == plain.json()
+    # The mark is dropped at the start only: inside, it is a character like any other.
+    refused = httpx.post(f"{url}/translate", content=b'{"text": "a"}\xef\xbb\xbf')
+    assert refused.status_code == 400 and refused.json()["error"].startswith("body: is not valid JSON: Extra data")
+
+
 def test_a_client_that_leaves_mid_body_is_no_failure_of_the_server(served, caplog):
     import socket
 
@@ -392,6 +405,68 @@ def test_serve_config_refuses_what_cannot_be_served():
         ServeConfig(run_dir="run", port=70000)
     with pytest.raises(ConfigError, match="max_sentences: must be >= 1"):
         ServeConfig(run_dir="run", max_sentences=0)
+
+
+def test_each_model_source_is_read_as_its_key_says_as_translate_reads_it(run_dir, tmp_path):
+    from transformer.checkpoint import CheckpointError
+
+    text = run_dir.parent / "toy" / "test.src"
+    for key, path, error, message in (
+            ("run_dir", tmp_path / "nowhere", FileNotFoundError,
+             r"^run_dir: .*nowhere does not exist; give a training run's folder"),
+            ("run_dir", text, CheckpointError, r"^run_dir: .*test\.src is a file; give a checkpoint file as "
+                                               r"checkpoint=.*test\.src, or its run's folder as run_dir$"),
+            ("checkpoint", run_dir, CheckpointError, r"^checkpoint .*run is a folder, not a checkpoint file")):
+        with pytest.raises(error, match=message):
+            server.load_served_model(ServeConfig(**{key: str(path)}, device="cpu"))
+    best = run_dir / "checkpoints" / "best.pt"
+    for key, path, served_file in (("run_dir", run_dir, run_dir / "checkpoints" / "final.pt"),
+                                   ("checkpoint", best, best)):
+        model = server.load_served_model(ServeConfig(**{key: str(path)}, device="cpu"))
+        assert (model.info["checkpoint"], model.info["backend"]) == (str(served_file), "torch")
+        assert model.attention is model.translator.trained
+
+
+def test_a_host_or_port_the_server_cannot_listen_on_is_refused_before_the_model_loads(tmp_path):
+    import socket
+
+    from transformer.config import ConfigError
+
+    nowhere = str(tmp_path / "nowhere")  # a model source that would fail once it is loaded
+    with socket.socket() as held:  # another process's server, listening on the port
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server sets it: the check must still see it
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^port: {port} on 127\.0\.0\.1 is in use by another process; "
+                                              r"choose another port="):
+            server.serve(ServeConfig(run_dir=nowhere, port=port, device="cpu"))
+        with pytest.raises(ConfigError, match=rf"^port: {port} on localhost \(127\.0\.0\.1\) is in use"):
+            server.check_listening("localhost", port)
+    server.check_listening("127.0.0.1", port)  # free again
+    server.check_listening("127.0.0.1", 0)  # any free port
+    with pytest.raises(ConfigError, match=r"^host: 999\.1\.1\.1 does not resolve \(.+\); give a name or address of "
+                                          r"this machine, e\.g\. host=127\.0\.0\.1"):
+        server.serve(ServeConfig(run_dir=nowhere, host="999.1.1.1", device="cpu"))
+    with pytest.raises(ConfigError, match=r"^host: 192\.0\.2\.1 is not an address of this machine "
+                                          r"\(cannot assign requested address\)"):  # TEST-NET-1, on no machine
+        server.serve(ServeConfig(run_dir=nowhere, host="192.0.2.1", device="cpu"))
+
+
+def test_the_command_refuses_a_port_in_use_in_one_line_with_status_1(run_dir, tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "transformer", "serve", f"run_dir={run_dir}", f"port={port}",
+                               "device=cpu"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stdout + done.stderr
+    assert lines[0].endswith(f"port: {port} on 127.0.0.1 is in use by another process; choose another port=... "
+                             "(port=0: any free one)")
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
 # --------------------------------------------------------------------------------------------------

@@ -67,9 +67,10 @@ def _json_declared(content_type: str | None) -> None:
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object, or a :class:`RequestError` naming what is wrong with it."""
+    """A request body as a JSON object, or a :class:`RequestError` naming what is wrong with it. A UTF-8 byte-order
+    mark at the start is dropped, as ``transformer-translate`` drops it (some Windows tools write one)."""
     try:
-        text = body.decode("utf-8")
+        text = body.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as error:
         raise RequestError(400, "body", f"is not valid UTF-8 (at byte offset {error.start})") from None
     try:

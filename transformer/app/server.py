@@ -26,8 +26,10 @@ waits in the queue is dropped there, so an abandoned request does not hold the d
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import logging
+import socket
 import sys
 import threading
 import time
@@ -56,11 +58,11 @@ from transformer.app.http_requests import (
     unless_client_leaves,
 )
 from transformer.app.schemas import ServeConfig
-from transformer.config import to_plain_dict
+from transformer.config import ConfigError, to_plain_dict
 from transformer.inference.attention_maps import pair_attention_maps
 from transformer.inference.explorer import ASSETS, attention_json, live_page
 from transformer.inference.export import read_export_record
-from transformer.inference.loading import TrainedModel, load_trained
+from transformer.inference.loading import TrainedModel, load_model, load_trained
 from transformer.inference.translation import TruncationWarning
 from transformer.inference.translator import Translation, Translator
 from transformer.runtime import choose_device
@@ -84,10 +86,14 @@ class Model:
 
 
 def load_served_model(cfg: ServeConfig) -> Model:
-    """The translator for ``cfg``'s run, checkpoint or export, and the PyTorch model attention maps need."""
+    """The translator for ``cfg``'s run, checkpoint or export, and the PyTorch model attention maps need; each path
+    read as its key says, as ``transformer-translate`` reads it (a file as ``run_dir``, a folder as ``checkpoint``:
+    refused naming the key)."""
     device = choose_device(cfg.device)
-    path = cfg.run_dir or cfg.checkpoint or cfg.export_dir
-    translator = Translator.load(path, device=device, eval_cfg=cfg.eval)
+    if cfg.export_dir is not None:
+        translator = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval)
+    else:
+        translator = Translator.from_trained(load_model(cfg.run_dir, cfg.checkpoint, [], device), device, cfg.eval)
     if translator.backend == "torch":
         attention, missing = translator.trained, ""
         sha = files.sha256(translator.source)
@@ -310,12 +316,46 @@ def serving_in_background(app: FastAPI, host: str = "127.0.0.1", port: int = 0) 
         thread.join(timeout=30)
 
 
+def check_listening(host: str, port: int) -> None:
+    """Raise ``ConfigError`` naming ``host`` or ``port`` when the server could not listen there: a host that does
+    not resolve or is not this machine's, a port another process holds. Binds (then closes) a socket on each of the
+    host's addresses with the options uvicorn's listening sockets get (asyncio's ``create_server``)."""
+    try:
+        addresses = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0,
+                                       socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise ConfigError(f"host: {host} does not resolve ({error.strerror}); give a name or address of this "
+                          "machine, e.g. host=127.0.0.1 (this machine only) or host=0.0.0.0 (every network)") from None
+    for family, kind, proto, _, address in dict.fromkeys(addresses):
+        on = host if address[0] == host else f"{host} ({address[0]})"
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:  # as asyncio: an IPv6 socket listens on IPv6 alone
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+        except OSError as error:
+            reason = (error.strerror or str(error)).lower()
+            if error.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port: {port} on {on} is in use by another process; choose another port=... "
+                                  "(port=0: any free one)") from None
+            if error.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(f"host: {on} is not an address of this machine ({reason}); give one of its "
+                                  "addresses, or host=0.0.0.0 for every network") from None
+            if error.errno in (errno.EACCES, errno.EPERM):
+                raise ConfigError(f"port: {port} on {on} needs privileges this process lacks ({reason}); choose a "
+                                  "port above 1023") from None
+            raise ConfigError(f"port: cannot listen on {port} at {on} ({reason})") from None
+
+
 def serve(cfg: ServeConfig) -> None:
-    """Load the model and serve it until interrupted."""
+    """Check that the server can listen at ``cfg.host`` and ``cfg.port``, load the model and serve it until
+    interrupted."""
     import uvicorn
 
     # Each answer names its own cut lines; the decoder's warning would number lines across merged requests.
     warnings.simplefilter("ignore", TruncationWarning)
+    check_listening(cfg.host, cfg.port)  # before the model loads: refused at once, not after minutes of loading
     model = load_served_model(cfg)
 
     class Server(uvicorn.Server):
@@ -333,6 +373,9 @@ def serve(cfg: ServeConfig) -> None:
     except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C or SIGTERM, then raises the signal again
         if not server.started:
             raise
-    if not server.started:  # uvicorn said why (a port in use, say)
+    except SystemExit:  # uvicorn's own exit (status 3) when it cannot listen: the port taken since the check
+        if server.started:
+            raise
+    if not server.started:  # uvicorn said why
         sys.exit(1)
     log.info("stopped")

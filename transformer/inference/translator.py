@@ -95,6 +95,13 @@ class Translator:
         if is_export:
             return cls._load_export(path, device, eval_cfg, threads)
         trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [], device)
+        return cls.from_trained(trained, device, eval_cfg)
+
+    @classmethod
+    def from_trained(cls, trained: TrainedModel, device: str | torch.device,
+                     eval_cfg: EvalConfig | None = None) -> Translator:
+        """A translator (backend ``torch``) for a model already loaded on ``device`` (``load_model`` finds a run's
+        checkpoint and refuses a path given under the wrong key); ``eval_cfg`` None: ``EvalConfig``'s search."""
         data = trained.config.data
         return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(), trained.model.max_positions,
                    data, (data.src, data.tgt), trained.path, trained=trained, device=str(device))

@@ -286,6 +286,15 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
         Translator.load(tmp_path / "exported", backend="torch")
+    for threads, error, message in ((-3, ConfigError, r"^threads: must be >= 0 \(0: up to 4, as many as there are "
+                                                      r"cores\), got -3$"),
+                                    ("2", TypeError, r"^threads: must be an integer, got '2'$"),
+                                    (2.0, TypeError, r"^threads: must be an integer, got 2\.0$"),
+                                    (True, TypeError, r"^threads: must be an integer, got True$")):
+        for path in (out, one_run):  # refused alike by either backend, before anything loads
+            with pytest.raises(error, match=message):
+                Translator.load(path, threads=threads)
+    assert Translator.load(out, threads=1).translate_scored(sentences) == first  # one worker: the same answers
 
 
 def test_a_damaged_export_or_a_missing_ctranslate2_is_refused_in_one_line(one_run, tmp_path, monkeypatch):

@@ -80,6 +80,10 @@ class Translator:
         ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA where there is one). ``threads``: CTranslate2's
         CPU threads, each decoding batches of its own on one core (0: up to 4, as many as there are cores);
         PyTorch's are ``torch.set_num_threads``."""
+        if isinstance(threads, bool) or not isinstance(threads, int):
+            raise TypeError(f"threads: must be an integer, got {threads!r}")
+        if threads < 0:
+            raise ConfigError(f"threads: must be >= 0 (0: up to 4, as many as there are cores), got {threads}")
         path = Path(path)
         device = choose_device(str(device))  # cuda:N that this machine lacks: refused by key
         is_export = (path / EXPORT_FILE).is_file()

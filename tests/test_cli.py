@@ -389,6 +389,52 @@ def test_a_refused_command_leaves_the_run_it_names_byte_for_byte(tmp_path: Path,
     assert _tree(run) == before
 
 
+SWEPT = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", "data.cache_dir=cache",
+         "training.max_tokens=256", "training.max_steps=2", "device=cpu"]
+
+
+def _command(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "transformer", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+
+
+@pytest.mark.parametrize("command, argv, message", [
+    ("train", ["training.lr=0.001,-1"], "job 1 (training.lr=-1): training.lr: must be > 0, got -1.0"),
+    ("train", ["model.d_model=32,abc"],
+     "job 1 (model.d_model=abc): model.d_model=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("evaluate", ["run_dir=nowhere", "eval.beam_size=1,0"],  # job 0 alone would be refused for its run_dir
+     "job 1 (eval.beam_size=0): eval.beam_size: must be >= 1, got 0"),
+])
+def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_starts(toy_corpus: Path, tmp_path: Path, command,
+                                                                       argv, message) -> None:
+    common = [*SWEPT, f"data.dir={toy_corpus}"] if command == "train" else ["eval=greedy"]
+    done = _command(tmp_path, command, "-m", *common, *argv)
+    assert done.returncode == 1 and done.stderr.splitlines() == [message] and done.stdout == ""
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["toy"]  # no sweep folder, no data cache: no job ran
+
+
+def test_a_sweep_runs_every_job_and_a_job_refused_in_its_turn_leaves_no_folder(toy_corpus: Path,
+                                                                                tmp_path: Path) -> None:
+    done = _command(tmp_path, "train", "-m", *SWEPT, f"data.dir={toy_corpus}", "training.lr=0.001,0.002")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (sweep,) = (tmp_path / "outputs" / "multirun" / "train").iterdir()
+    for job, lr in (("0", "0.001"), ("1", "0.002")):
+        assert (sweep / job / "checkpoints" / "final.pt").is_file() and (sweep / job / "metrics.json").is_file()
+        assert f"training.lr={lr}" in (sweep / job / ".hydra" / "overrides.yaml").read_text(encoding="utf-8")
+    # a split that is not there is found only when the job reads it: the refused job's folder goes, and the sweep's
+    # folder with it when that job was the first
+    evaluations = tmp_path / "outputs" / "multirun" / "evaluate"
+    refused = _command(tmp_path, "evaluate", "-m", f"run_dir={sweep / '0'}", "eval=greedy", "split=tset,test")
+    assert refused.returncode == 1 and "tset.src[.gz]: file not found" in refused.stdout
+    assert not evaluations.exists()
+    refused = _command(tmp_path, "evaluate", "-m", f"run_dir={sweep / '0'}", "eval=greedy", "split=test,tset")
+    assert refused.returncode == 1 and "tset.src[.gz]: file not found" in refused.stdout
+    (evaluated,) = evaluations.iterdir()
+    assert sorted(path.name for path in evaluated.iterdir()) == ["0", "multirun.yaml"]
+    assert (evaluated / "0" / "metrics.json").is_file()
+
+
 def test_a_refused_evaluation_into_a_named_folder_may_be_retried_there(tmp_path: Path) -> None:
     def evaluate(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "transformer", "evaluate", *args, "hydra.run.dir=ev"],

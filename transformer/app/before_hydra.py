@@ -37,13 +37,18 @@ def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> No
                  "hydra.searchpath", "+hydra.searchpath", "++hydra.searchpath")
     if any(arg.split("=")[0] in elsewhere for arg in argv):
         return  # shell completion's queries, or configs (groups) from elsewhere: Hydra answers those itself
-    defaults = yaml.safe_load(root_config.read_text(encoding="utf-8")).get("defaults", [])
-    groups = [key for entry in defaults if isinstance(entry, dict) for key in entry
-              if key != "hydra" and not key.startswith("override ")]
     try:
-        refuse_unknown_overrides(schema, argv, groups)
+        refuse_unknown_overrides(schema, argv, config_groups(root_config))
     except ConfigError as error:
         sys.exit(str(error))
+
+
+def config_groups(root_config: Path) -> list[str]:
+    """The config groups (``model``, ``experiment``, ...) that a command's root config YAML chooses from: names a
+    command line may give beside the schema's keys."""
+    defaults = yaml.safe_load(root_config.read_text(encoding="utf-8")).get("defaults", [])
+    return [key for entry in defaults if isinstance(entry, dict) for key in entry
+            if key != "hydra" and not key.startswith("override ")]
 
 
 def name_a_full_disk_under_hydras_snapshot() -> None:

@@ -11,13 +11,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.app import before_hydra, schemas
+from transformer.app import before_hydra, schemas, sweeps
 from transformer.app.before_hydra import overrides_given
 from transformer.app.failures import PATH_ERRORS, path_error_line, run_command, user_errors
 
@@ -105,12 +105,17 @@ def _train(cfg: DictConfig) -> float | None:
     def train(cfg: DictConfig) -> dict:
         _say_what_debug_replaces()
         cfg, recipe = _with_recipe(cfg)
-        typed = OmegaConf.to_object(cfg)
-        schemas.refuse_unknown_keys(typed)
-        return pipeline.train(typed, recipe)
+        return pipeline.train(_typed(cfg), recipe)
 
     metrics = run_command(train, cfg, typed=False)
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
+
+
+def _typed(cfg: DictConfig) -> Any:
+    """``cfg`` as its dataclass (which runs every ``__post_init__`` check), refusing a key no schema has."""
+    typed = OmegaConf.to_object(cfg)
+    schemas.refuse_unknown_keys(typed)
+    return typed
 
 
 def _say_what_debug_replaces() -> None:
@@ -206,9 +211,10 @@ def _benchmark(cfg: DictConfig) -> None:
     run_command(benchmark.run, cfg)
 
 
-def _setup(schema: type | None = None, command: str = "") -> None:
+def _setup(schema: type | None = None, command: str = "", check: Callable[[DictConfig], Any] = _typed) -> None:
     """Register the config schemas; the checks before Hydra composes (``before_hydra``: a key the ``schema`` of
-    ``command``, whose root config is ``configs/<command>.yaml``, lacks); make Ctrl-C stop a command that a shell
+    ``command``, whose root config is ``configs/<command>.yaml``, lacks; ``sweeps``: each job of a sweep, put through
+    ``check``, what the command's job does to its config before any work); make Ctrl-C stop a command that a shell
     script started in the background.
 
     Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
@@ -223,10 +229,17 @@ def _setup(schema: type | None = None, command: str = "") -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop by kill or a scheduler: as Ctrl-C
+    if schema is not None:
+        sweeps.refuse_a_bad_job(sys.argv[1:], Path(CONFIG_PATH), command, schema, check)
+
+
+def _checked_source(cfg: DictConfig) -> Any:
+    """What evaluate, translate and serve check before loading a model: the typed config of one kind of source."""
+    return _one_kind_of_source(_typed(_export_search(cfg)))
 
 
 def train_main() -> None:
-    _setup(schemas.TrainConfig, "train")
+    _setup(schemas.TrainConfig, "train", lambda cfg: _typed(_with_recipe(cfg)[0]))
     before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
     sys.argv += before_hydra.resume_in_its_run_dir(sys.argv[1:])
     sys.argv += before_hydra.as_a_helper_rank(sys.argv[1:])
@@ -235,18 +248,18 @@ def train_main() -> None:
 
 
 def evaluate_main() -> None:
-    _setup(schemas.EvaluateConfig, "evaluate")
+    _setup(schemas.EvaluateConfig, "evaluate", _checked_source)
     before_hydra.refuse_a_taken_run_dir("evaluate", sys.argv[1:])
     _evaluate()
 
 
 def translate_main() -> None:
-    _setup(schemas.TranslateConfig, "translate")
+    _setup(schemas.TranslateConfig, "translate", _checked_source)
     _translate()
 
 
 def serve_main() -> None:
-    _setup(schemas.ServeConfig, "serve")
+    _setup(schemas.ServeConfig, "serve", _checked_source)
     _serve()
 
 

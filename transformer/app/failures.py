@@ -99,10 +99,11 @@ def one_line(error: BaseException) -> str:
 
 
 def forget_refused_run() -> None:
-    """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``) and
-    it holds nothing but Hydra's record, the log and a training's lock, and the folders above it left empty:
-    listings of runs show only runs that started. A folder named with ``hydra.run.dir`` keeps its log, which says
-    why the command was refused."""
+    """Remove the folder Hydra made for a refused command when it named it itself (``outputs/<task>/<time>``, or a
+    sweep's ``outputs/multirun/<task>/<time>/<job>``) and it holds nothing but Hydra's record, the log and a
+    training's lock, and the folders above it left empty (a sweep's folder holding only its ``multirun.yaml``, the
+    first job refused): listings of runs show only runs that started. A folder named with ``hydra.run.dir`` (a sweep
+    into ``hydra.sweep.dir``) keeps its log, which says why the command was refused."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
@@ -113,16 +114,20 @@ def forget_refused_run() -> None:
     if not HydraConfig.initialized():
         return
     hydra_cfg = HydraConfig.get()
-    if (hydra_cfg.mode != RunMode.RUN or hydra_cfg.output_subdir is None
-            or "hydra.run.dir" in overrides_given(list(hydra_cfg.overrides.hydra))):
+    sweep = hydra_cfg.mode == RunMode.MULTIRUN
+    if (hydra_cfg.output_subdir is None
+            or ("hydra.sweep.dir" if sweep else "hydra.run.dir") in overrides_given(list(hydra_cfg.overrides.hydra))):
         return
     run = Path(hydra_cfg.runtime.output_dir)
     made = {hydra_cfg.output_subdir, f"{hydra_cfg.job.name}.log", LOCK_FILE}
     here = Path.cwd().resolve()
     if run.is_dir() and run.resolve() != here and {p.name for p in run.iterdir()} <= made:
         shutil.rmtree(run, ignore_errors=True)
+        sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve() if sweep else None
         for parent in run.resolve().parents:  # outputs/<task>/ as well, where Hydra made it for this run alone
             try:
+                if parent == sweep_dir and [p.name for p in parent.iterdir()] == ["multirun.yaml"]:
+                    (parent / "multirun.yaml").unlink()  # Hydra's record of a sweep whose first job was refused
                 if parent == here or here not in parent.parents or any(parent.iterdir()):
                     break
                 parent.rmdir()

@@ -119,9 +119,14 @@ def disk_full_while_building(folder: Path, error: BaseException) -> DiskFullErro
 
 
 def _new_file_mode(base: int = 0o666) -> int:
-    """The mode ``open()`` gives a new file (``mkdir``, with ``base`` 0o777, a new folder): less the umask."""
-    umask = os.umask(0)
-    os.umask(umask)
+    """The mode ``open()`` gives a new file (``mkdir``, with ``base`` 0o777, a new folder): less the umask, read
+    from ``/proc`` where it can be (setting it to read it would race with other threads' new files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            umask = next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):  # not Linux, or a kernel before 4.7
+        umask = os.umask(0)
+        os.umask(umask)
     return base & ~umask
 
 

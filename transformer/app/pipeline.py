@@ -207,7 +207,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     src_tok, tgt_tok, train_set = build_training_data(cfg, dist, resumed["tokenizers"] if resumed else None)
     if resumed is not None:
         check_training_split(resumed, len(train_set), train_set.digest, cfg.data)
-    valid_src, valid_ref = scored.get(cfg.data.valid_split) or load_split(cfg.data, cfg.data.valid_split)
+    valid_src, valid_ref = scored[cfg.data.valid_split] if dist.is_main else load_split(cfg.data, cfg.data.valid_split)
 
     seed_everything(cfg.training.seed)  # the same initial weights whatever the data steps consumed
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id)
@@ -251,8 +251,8 @@ def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_
 
     over = count_oversized(train_set.src_lengths, train_set.tgt_lengths, cfg.training.max_tokens, multiple)
     if over and dist.is_main:
-        log.warning("%d of %d training pairs cost more than training.max_tokens=%d positions alone: each gets a batch "
-                    "of its own", over, len(train_set), cfg.training.max_tokens)
+        log.warning("%d of %d training pairs need more than training.max_tokens=%d padded positions on their own: "
+                    "each gets a batch of its own", over, len(train_set), cfg.training.max_tokens)
     sampler: TokenBucketSampler | ResegmentingSampler
     if cfg.training.bpe_dropout > 0:
         corpus = ResegmentedCorpus(train_set, src_tok, tgt_tok, cfg.training.bpe_dropout,  # type: ignore[arg-type]

@@ -329,7 +329,11 @@ def check_listening(host: str, port: int) -> None:
     for family, kind, proto, _, address in dict.fromkeys(addresses):
         on = host if address[0] == host else f"{host} ({address[0]})"
         try:
-            with socket.socket(family, kind, proto) as sock:
+            sock = socket.socket(family, kind, proto)
+        except OSError:  # a family this machine lacks (IPv6 turned off): asyncio skips the address, and so does this
+            continue
+        try:
+            with sock:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 if family == socket.AF_INET6:  # as asyncio: an IPv6 socket listens on IPv6 alone
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)

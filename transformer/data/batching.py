@@ -82,8 +82,7 @@ def count_oversized(src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequen
     """How many pairs cost more than ``max_tokens`` alone (:func:`batch_cost` of one): each gets a batch of its own."""
     src = np.maximum(np.asarray(src_lengths, dtype=np.int64), 1)
     tgt = np.asarray(tgt_lengths, dtype=np.int64) + 1
-    cost = -(-src // pad_to_multiple) * pad_to_multiple + -(-tgt // pad_to_multiple) * pad_to_multiple
-    return int((cost > max_tokens).sum())
+    return int((round_up(src, pad_to_multiple) + round_up(tgt, pad_to_multiple) > max_tokens).sum())
 
 
 def _gather_padded(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int, shift: int,

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import numpy as np
 import sentencepiece as spm
 
-from transformer.config import ConfigError, DataConfig, to_plain_dict
+from transformer.config import ConfigError, DataConfig, TokenizerConfig, to_plain_dict
 from transformer.data.corpus import (
     CleaningReport,
     DataError,
@@ -235,7 +235,8 @@ def cached_tokenizers(cfg: DataConfig, src_path: Path, tgt_path: Path,
     for path, text in ((src_path, src_text), (tgt_path, tgt_text)):
         if not text and n_pairs:  # a joint sample that drew every line from the other side
             raise ConfigError(f"data.tokenizer.max_sentences={cfg.tokenizer.max_sentences}: the joint sample of both "
-                              f"sides drew no line of {path}; sample more sentences (the default is 1000000)")
+                              f"sides drew no line of {path}; sample more sentences (the default is "
+                              f"{TokenizerConfig().max_sentences})")
         if not any(text):  # SentencePiece would stop with an internal error
             lines = f"all {len(text)} lines" if n_pairs <= len(text) else f"the {len(text)} lines sampled of {n_pairs}"
             raise DataError(f"{path}: {lines} are blank, so no tokenizer can be learnt; are the files empty or blank?")

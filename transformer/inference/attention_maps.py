@@ -284,8 +284,8 @@ def check_indices(cfg: AttentionDumpConfig, sources: list[str], src_tok: Tokeniz
         if not 0 <= index < len(sources):
             raise ConfigError(f"attention.indices: {index} is outside the test set (0..{len(sources) - 1})")
         if not src_tok.encode(sources[index]):
-            raise ConfigError(f"attention.indices: {index} is a test sentence whose source has no token (line "
-                              f"{index + 1}: {sources[index]!r}): there is nothing to attend to")
+            raise ConfigError(f"attention.indices: {index} is a test sentence whose source has no token "
+                              f"({sources[index]!r}): there is nothing to attend to")
     for i, text in enumerate(cfg.texts):
         if not src_tok.encode(text):
             raise ConfigError(f"attention.texts[{i}]: {text!r} has no token the model reads: there is nothing to "

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
+from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointError, RunDir, load_checkpoint
 from transformer.config import ConfigError, DataConfig, ModelConfig, flatten, to_plain_dict
 from transformer.training.checkpoints import CheckpointManager
 from transformer.training.distributed import DistContext, broadcast_object
@@ -150,7 +150,9 @@ def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, R
 def check_training_split(resumed: dict[str, Any], n_pairs: int, digest: str | None, data: DataConfig) -> None:
     """A resumed run's training split must be the one it trained on (checkpoints since version 0.8.2 hold its size,
     since 0.9.2 a digest of its encoded pairs): an epoch begun on other pairs cannot be finished as begun, so that
-    is refused; at an epoch's end the run goes on, with a warning that it is no longer the uninterrupted run."""
+    is refused; at an epoch's end the run goes on, with a warning that it is no longer the uninterrupted run. A
+    corpus read from another folder than the run's (``data.dir``: a corpus that moved) must hold the same pairs
+    wherever the run stopped: other pairs there are another corpus, not an edited one."""
     saved, saved_digest = resumed.get("train_pairs"), resumed.get("train_digest")
     if saved is not None and saved != n_pairs:
         change = f"now has {n_pairs} pairs, the run trained on {saved}"
@@ -159,6 +161,11 @@ def check_training_split(resumed: dict[str, Any], n_pairs: int, digest: str | No
     else:
         return
     files = f"{data.train_split}.{data.src} / {data.train_split}.{data.tgt}"
+    trained_in = resumed.get("config", {}).get("data", {}).get("dir")
+    if trained_in is not None and data.dir is not None and not _same_folder("data.dir", trained_in, data.dir):
+        raise CheckpointError(
+            f"resume: the training split ({files}) in data.dir={data.dir} {change}, in {trained_in}: a moved corpus "
+            f"must hold the pairs the run trained on; name the run's own corpus, or start a new run on this one")
     if mid_epoch(resumed["sampler"]):
         raise CheckpointError(
             f"resume: the training split ({files}) {change}; the checkpoint was written in the middle of epoch "
@@ -168,13 +175,22 @@ def check_training_split(resumed: dict[str, Any], n_pairs: int, digest: str | No
                 "run", files, change)
 
 
+def check_resumable(checkpoint: dict[str, Any], world_size: int) -> None:
+    """Refuse what a trainer cannot continue: a checkpoint without the trainer's keys, or an epoch begun by another
+    number of processes (:func:`check_process_count`)."""
+    missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
+    if missing:
+        raise CheckpointError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
+    check_process_count(checkpoint, world_size)
+
+
 def take_up_history(state: dict[str, Any], path: Path, checkpoints: CheckpointManager, dist: DistContext) -> None:
     """Make the resumed checkpoint ``state`` (the file ``path``) the run's history, on every process, as the last
-    step before training goes on: after the process count is checked (:func:`check_process_count`), the last
-    refusal a resume can meet, so that a refused resume leaves every file as it was. Rank 0 moves the checkpoints of
-    later steps aside (:func:`abandon_later_history`); where the history's best checkpoint is gone, every process
-    forgets the best record."""
-    check_process_count(state, dist.world_size)
+    step before training goes on: after the last checks that can refuse the resume (:func:`check_resumable`), so
+    that a refused resume leaves the run's checkpoints as they were. Rank 0 moves the checkpoints of later steps
+    aside (:func:`abandon_later_history`); where the history's best checkpoint is gone, every process forgets the
+    best record."""
+    check_resumable(state, dist.world_size)
     if broadcast_object(abandon_later_history(checkpoints, state, path) if dist.is_main else None):
         state.update(best_bleu=None, best_step=None, bad_validations=0, last_valid_step=None)
 

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointError, check_plain
+from transformer.checkpoint import TRAINER_KEYS, CheckpointError, check_plain
 from transformer.config import TrainingConfig
 from transformer.data.batching import prefetched
 from transformer.inference.metrics import perplexity
@@ -49,7 +49,7 @@ from transformer.training.distributed import DistContext
 from transformer.training.horizon import Horizon
 from transformer.training.loop_state import LoopState
 from transformer.training.optim import set_learning_rate
-from transformer.training.resume import check_process_count
+from transformer.training.resume import check_resumable
 from transformer.training.step import BatchLike, TrainStep
 from transformer.training.step_window import Reading, StepWindow
 
@@ -168,14 +168,11 @@ class Trainer:
 
     def load_state(self, checkpoint: dict[str, Any]) -> None:
         """Continue from a checkpoint dict (every rank loads the same one). RNGs are restored when ``fit`` starts."""
-        missing = sorted(TRAINER_KEYS - OPTIONAL_TRAINER_KEYS - set(checkpoint))
-        if missing:
-            raise CheckpointError(f"checkpoint lacks trainer keys {missing}; was it written by Trainer.save_now?")
+        check_resumable(checkpoint, self.dist.world_size)
         rng = checkpoint["rng"]  # one state per process that wrote it
         self.model.load_state_dict(checkpoint["model"])
         self._step.load_optimizer_state(checkpoint["optimizer"])
         self.state = LoopState.from_checkpoint(checkpoint)
-        check_process_count(checkpoint, self.dist.world_size)
         try:  # an epoch's end loads as the sampler's own end: its batch count differs with the number of processes
             self.sampler.load_state_dict(checkpoint["sampler"])
         except ValueError as error:  # a checkpoint from before train_pairs was saved, on a changed training split

@@ -130,6 +130,9 @@ def test_an_export_never_overwrites_and_leaves_nothing_on_failure(one_run, tmp_p
         export(trained, taken, "none", {})
     with pytest.raises(ConfigError, match="quantization: 'int3'"):
         export(trained, tmp_path / "new", "int3", {})
+    if Path("/proc/self").is_dir():  # Linux: a folder no one can make folders in, root included
+        with pytest.raises(ConfigError, match=r"^out_dir: cannot write in /proc \(.+\); choose another folder$"):
+            export(trained, "/proc/exported", "none", {})
 
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")

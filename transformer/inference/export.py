@@ -21,6 +21,7 @@ counterpart; neither have ensembles.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
@@ -199,12 +200,18 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
         raise ConfigError(f"out_dir: {out} exists; an export never overwrites: choose a new folder")
     if out.parent.exists() and not out.parent.is_dir():
         raise ConfigError(f"out_dir: {out.parent} is a file, not a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)  # exports/en_de: the folder of exports is made as needed
-    spec = build_spec(trained.model, trained.src_tok, trained.tgt_tok)
-    spec.validate()
-    spec.optimize(quantization=None if quantization == "none" else quantization)
-    tmp = files.temporary_folder(out.parent, f".{out.name}.")
+    try:  # before the model is converted: a folder that cannot be written is refused at once, by its key
+        out.parent.mkdir(parents=True, exist_ok=True)  # exports/en_de: the folder of exports is made as needed
+        tmp = files.temporary_folder(out.parent, f".{out.name}.")
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise ConfigError(f"out_dir: cannot write in {out.parent} ({(error.strerror or str(error)).lower()}); "
+                          "choose another folder") from None
     try:
+        spec = build_spec(trained.model, trained.src_tok, trained.tgt_tok)
+        spec.validate()
+        spec.optimize(quantization=None if quantization == "none" else quantization)
         spec.save(str(tmp))
         tokenizers = {side: _save_tokenizer(tok, tmp, side) for side, tok in
                       (("source", trained.src_tok), ("target", trained.tgt_tok))}

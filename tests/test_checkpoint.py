@@ -73,9 +73,15 @@ def test_load_errors_name_the_file(tmp_path):
     run.mkdir(parents=True)
     save_checkpoint(_state(1.0), run / "step_20.pt")
     (run / "last.pt").write_bytes(good.read_bytes()[:200])
-    with pytest.raises(CheckpointError, match=rf"truncated .*; resume={run / 'step_20.pt'} continues from an earlier "
-                                              r"step$"):
+    earlier = run / "step_20.pt"
+    with pytest.raises(CheckpointError, match=rf"truncated .*; {earlier} is an earlier checkpoint of the same run "
+                                              rf"\(resume={earlier}\)$"):
         load_checkpoint(run / "last.pt")
+    with pytest.raises(CheckpointError, match=rf"truncated .*; {earlier} is an earlier checkpoint of the same run "
+                                              rf"\(checkpoint={earlier}\)$"):  # what evaluate and translate suggest
+        load_checkpoint(run / "last.pt", retry_key="checkpoint")
+    with pytest.raises(CheckpointError, match=rf"truncated .*; {earlier} is an earlier checkpoint of the same run$"):
+        load_checkpoint(run / "last.pt", retry_key=None)
     text = tmp_path / "notes.pt"
     text.write_text("hello\nworld")
     with pytest.raises(CheckpointError, match="notes.pt.*not a file torch.save writes: it begins 'hello'$"):
@@ -232,7 +238,8 @@ def test_a_checkpoint_with_damaged_tensor_bytes_is_refused_naming_an_earlier_one
     assert torch.load(newest, weights_only=True)["step"] == 20  # torch's zip reader checks no CRC
     for path in (newest, tmp_path / "last.pt"):  # last.pt is the same file
         with pytest.raises(CheckpointError, match=rf"{path}: corrupt: its contents do not match the digest .*"
-                                                  rf"{tmp_path / 'step_10.pt'} is an earlier checkpoint"):
+                                                  rf"{tmp_path / 'step_10.pt'} is an earlier checkpoint of the same run "
+                                                  rf"\(resume={tmp_path / 'step_10.pt'}\)$"):
             load_checkpoint(path)
     assert load_checkpoint(tmp_path / "step_10.pt")["step"] == 10
     assert load_checkpoint(newest, verify=False)["step"] == 20  # metadata only, on request

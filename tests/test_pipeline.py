@@ -344,6 +344,26 @@ def test_evaluate_refuses_attention_indices_outside_the_test_set_before_decoding
     assert not (tmp_path / "ev").exists()  # nothing decoded, nothing written
 
 
+def test_evaluate_refuses_an_output_dir_it_cannot_write_by_its_key_before_loading(compose_config, trained_run,
+                                                                                    tmp_path, monkeypatch):
+    def evaluate(output_dir: Path) -> None:
+        cfg = compose_config("evaluate", [f"run_dir={trained_run[0]}", "eval=greedy", "device=cpu",
+                                          f"output_dir={output_dir}"])
+        pipeline.evaluate(OmegaConf.to_object(cfg))
+
+    monkeypatch.setattr(pipeline, "load_model", lambda *args: pytest.fail("loaded the model before refusing"))
+    (tmp_path / "notes").write_text("a file\n")
+    with pytest.raises(ConfigError, match=rf"^output_dir: {tmp_path / 'notes'} is a file, not a folder; choose "):
+        evaluate(tmp_path / "notes" / "ev")
+    (tmp_path / "locked").mkdir()  # without write permission (the tests may run as root, who has it)
+    real_access = os.access
+    monkeypatch.setattr(translate_io.os, "access", lambda path, mode: Path(path).name != "locked" and real_access(
+        path, mode))
+    with pytest.raises(ConfigError, match=rf"^output_dir: cannot write in {tmp_path / 'locked'} \(permission denied\)"):
+        evaluate(tmp_path / "locked" / "new" / "ev")  # the nearest folder that exists is the one checked
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["locked", "notes"]  # nothing made
+
+
 def test_translate_into_a_pipe_its_reader_closed_ends_quietly(trained_run, tmp_path):
     import os
     import subprocess
@@ -632,8 +652,8 @@ def test_a_torn_last_checkpoint_names_the_way_back_and_is_set_aside_by_resuming_
     torn = run.last.read_bytes()[:1000]
     run.last.unlink()  # last.pt is a hard link to step_8.pt: tear a copy of its own, as a crash mid-write would
     run.last.write_bytes(torn)
-    with pytest.raises(CheckpointError, match=r"last\.pt: not a readable checkpoint .*; resume=.*checkpoints/step_8\.pt "
-                                              r"continues from an earlier step"):  # step_8.pt: whole, the newest
+    with pytest.raises(CheckpointError, match=r"last\.pt: not a readable checkpoint .*checkpoints/step_8\.pt is an "
+                                              r"earlier checkpoint of the same run \(resume=.*step_8\.pt\)"):  # whole
         _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.root}")
     again = _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.checkpoints / 'step_4.pt'}")
     assert again["train"]["steps"] == 8

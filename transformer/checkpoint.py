@@ -171,14 +171,16 @@ def _earlier_checkpoint(path: Path) -> Path | None:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, mmap: bool = False,
-                    verify: bool = True) -> dict:
+                    verify: bool = True, retry_key: str | None = "resume") -> dict:
     """Read a checkpoint written by :func:`transformer.training.checkpoints.save_checkpoint` with ``torch.load(weights_only=True)`` (``mmap``: its
     tensors mapped from the file, read only when used).
 
     ``verify`` recomputes the digest and compares it with the stored one. That reads every tensor: about a
     tenth of a second per 100 MB on this project's CPU, and with ``mmap`` it pages the whole file in; callers that
     read only metadata from a mapped checkpoint pass ``verify=False``. A checkpoint without a digest (written
-    before version 0.9) loads with a warning.
+    before version 0.9) loads with a warning. The error for a damaged file names the run's newest earlier step file,
+    as the value of ``retry_key`` (the key of the command that reads it: ``resume`` to train on, ``checkpoint`` to
+    evaluate or translate) when one is given.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -198,9 +200,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
             state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError/KeyError for torn or foreign files
         earlier = _earlier_checkpoint(path) if STEP_FILE.match(path.name) or path.name == LAST_FILE else None
-        hint = f"; resume={earlier} continues from an earlier step" if earlier is not None else ""
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): "
-                              f"{_load_failure(path, exc)}{hint}") from exc
+                              f"{_load_failure(path, exc)}{_way_back(earlier, retry_key, '')}") from exc
     if not isinstance(state, dict) or "version" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'version' key)")
     if state["version"] != CHECKPOINT_VERSION:
@@ -208,8 +209,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
             f"{path}: checkpoint format version {state['version']}, this code reads version {CHECKPOINT_VERSION}"
         )
     if verify:
-        _verify(path, state)
+        _verify(path, state, retry_key)
     return state
+
+
+def _way_back(earlier: Path | None, retry_key: str | None, otherwise: str) -> str:
+    """The end of a damaged checkpoint's error: the run's earlier checkpoint to use instead, if it has one."""
+    if earlier is None:
+        return otherwise
+    return f"; {earlier} is an earlier checkpoint of the same run" + (f" ({retry_key}={earlier})" if retry_key else "")
 
 
 def _load_failure(path: Path, exc: Exception) -> str:
@@ -237,16 +245,14 @@ def _load_failure(path: Path, exc: Exception) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _verify(path: Path, state: dict) -> None:
+def _verify(path: Path, state: dict, retry_key: str | None) -> None:
     stored = state.get(DIGEST_KEY)
     if stored is None:
         log.warning("%s: written before checkpoints carried a digest of their tensors; loaded unverified", path)
         return
     whole = state.get(WHOLE_DIGEST_KEY)  # before 0.9.4: none
     if state_digest(state, TENSORS_ONLY) != stored or (whole is not None and state_digest(state) != whole):
-        earlier = _earlier_checkpoint(path)
-        way_back = (f"; {earlier} is an earlier checkpoint of the same run (e.g. resume={earlier})" if earlier
-                    else "; train again or restore it from a copy")
+        way_back = _way_back(_earlier_checkpoint(path), retry_key, "; train again or restore it from a copy")
         raise CheckpointError(f"{path}: corrupt: its contents do not match the digest written with them (a damaged "
                               f"disk or copy){way_back}")
 

@@ -25,6 +25,7 @@ from transformer.app.before_hydra import results_in
 from transformer.app.schemas import EvaluateConfig, ExportConfig, PrepareDataConfig, TranslateConfig
 from transformer.app.translate_io import (
     check_output_file,
+    check_output_folder,
     read_lines,
     translate_as_typed,
     warn_of_empty_translations,
@@ -339,6 +340,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     out = Path(cfg.output_dir)
     if not cfg.overwrite and (taken := results_in(out)):
         raise ConfigError(f"output_dir: {out} {taken}")
+    check_output_folder("output_dir", out)
     for key in ("src_file", "ref_file"):  # before the model is loaded
         if (path := getattr(cfg, key)) is not None and not Path(path).is_file():
             raise ConfigError(f"{key}: {path} is not a file")
@@ -441,7 +443,8 @@ def average(paths: list[str], out: str) -> None:
     if Path(out).exists():
         raise ConfigError(f"{out} exists; the first argument names the new file the average is written to "
                           "(transformer-average OUT.pt IN1.pt IN2.pt ...), so choose a new name")
-    check_same_vocabularies([load_trained(path, torch.device("cpu")) for path in paths], "averaged checkpoints")
+    check_same_vocabularies([load_trained(path, torch.device("cpu"), retry_key=None) for path in paths],
+                            "averaged checkpoints")
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")
     save_model(average_checkpoints(paths), first, out)
     print(f"averaged {len(paths)} checkpoints into {out}")

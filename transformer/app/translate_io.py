@@ -36,6 +36,17 @@ def check_output_file(path: str, input_path: str | None, overwrite: bool) -> Non
         raise ConfigError(f"output: cannot write in {target.parent} (permission denied); choose another file")
 
 
+def check_output_folder(key: str, path: str | Path) -> None:
+    """Refuse, before any work, a folder to write results into that cannot be made or written: ``key`` names the
+    setting. Nothing is created: the folder, or the nearest one above it that exists, must be a writable folder."""
+    folder = Path(path).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {existing} is a file, not a folder; choose another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: cannot write in {existing} (permission denied); choose another folder")
+
+
 def read_lines(path: str | None) -> list[str]:
     """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
     in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline, and a

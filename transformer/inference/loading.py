@@ -48,9 +48,10 @@ def find_checkpoint(run_dir: str | Path) -> Path:
     raise FileNotFoundError(f"no checkpoint in {run.checkpoints} (looked for {', '.join(p.name for p in candidates)})")
 
 
-def load_trained(path: str | Path, device: torch.device) -> TrainedModel:
-    """Rebuild model and tokenizers from one checkpoint file; no YAML needed."""
-    state = ckpt.load_checkpoint(path, map_location="cpu")
+def load_trained(path: str | Path, device: torch.device, retry_key: str | None = "checkpoint") -> TrainedModel:
+    """Rebuild model and tokenizers from one checkpoint file; no YAML needed. A damaged file's error suggests the
+    run's earlier checkpoint as ``retry_key=...``."""
+    state = ckpt.load_checkpoint(path, map_location="cpu", retry_key=retry_key)
     config = from_plain_dict(TrainConfig, state["config"])
     src_tok = tokenizer_from_state(state["tokenizers"]["src"])
     tgt_tok = tokenizer_from_state(state["tokenizers"]["tgt"])
@@ -85,7 +86,7 @@ def check_same_vocabularies(members: Sequence[TrainedModel], what: str, key: str
 def load_ensemble(paths: Sequence[str | Path], device: torch.device) -> TrainedModel:
     """The models of several checkpoint files as one :class:`~transformer.inference.ensemble.Ensemble`; they must share the
     first one's language pair and tokenizers (raises ``ConfigError`` naming the one that does not)."""
-    members = [load_trained(path, device) for path in paths]
+    members = [load_trained(path, device, retry_key=None) for path in paths]
     check_same_vocabularies(members, "an ensemble's models", key="ensemble")
     first = members[0]
     return TrainedModel(Ensemble([member.model for member in members]).eval(), first.src_tok, first.tgt_tok,

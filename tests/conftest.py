@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer.app.schemas import register_configs
@@ -66,6 +66,31 @@ def write_toy_corpus(folder: Path, n_train: int = 400, seed: int = 0) -> Path:
 @pytest.fixture()
 def toy_corpus(tmp_path: Path) -> Path:
     return write_toy_corpus(tmp_path / "toy")
+
+
+# device=cpu: exact resumes, bit-equal weights and step counts here are the CPU's (on a GPU machine too; the CUDA
+# paths have their own tests, tests/test_gpu.py)
+TOY = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", "training.warmup_steps=20",
+       "training.lr=3e-3", "model.dropout=0.0", "training.max_tokens=512", "device=cpu"]
+
+
+def train_toy(compose_config, toy_corpus: Path, run_dir: Path, *overrides: str) -> dict:
+    """``transformer-train`` of the tiny model on the toy copy task in ``toy_corpus``, into ``run_dir``."""
+    from transformer.app import pipeline
+
+    cfg = compose_config("train", [*TOY, f"data.dir={toy_corpus}", f"data.cache_dir={toy_corpus.parent / 'cache'}",
+                                   f"output_dir={run_dir}", *overrides])
+    return pipeline.train(OmegaConf.to_object(cfg))
+
+
+@pytest.fixture(scope="session")
+def trained_run(compose_config, tmp_path_factory) -> tuple[Path, dict]:
+    """One short toy training run (its folder and metrics) shared by the tests that evaluate and translate."""
+    root = tmp_path_factory.mktemp("run")
+    corpus = write_toy_corpus(root / "toy")
+    metrics = train_toy(compose_config, corpus, root / "out", "training.max_epochs=50",
+                        "training.validate_every_steps=40")
+    return root / "out", metrics
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import CONFIG_DIR, REPO
 
-from transformer.app import cli, failures, pipeline
+from transformer.app import cli, failures, use
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, TrainConfig
 from transformer.data.corpus import DataError
@@ -193,7 +193,7 @@ def test_average_interrupted_says_its_output_was_not_written(monkeypatch) -> Non
     def interrupted(paths, out):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "average", interrupted)
+    monkeypatch.setattr(use, "average", interrupted)
     monkeypatch.setattr(sys, "argv", ["transformer-average", "avg.pt", "a.pt", "b.pt"])
     with pytest.raises(SystemExit) as exit_info:
         cli.average_main()
@@ -202,7 +202,7 @@ def test_average_interrupted_says_its_output_was_not_written(monkeypatch) -> Non
 
 def test_average_passes_inputs_and_output_in_order(monkeypatch) -> None:
     calls = []
-    monkeypatch.setattr(pipeline, "average", lambda paths, out: calls.append((paths, out)))
+    monkeypatch.setattr(use, "average", lambda paths, out: calls.append((paths, out)))
     monkeypatch.setattr(sys, "argv", ["transformer-average", "avg.pt", "a.pt", "b.pt", "c.pt"])
     cli.average_main()
     assert calls == [(["a.pt", "b.pt", "c.pt"], "avg.pt")]
@@ -217,14 +217,14 @@ def test_average_of_a_missing_checkpoint_is_one_line(monkeypatch, tmp_path) -> N
 
 @pytest.mark.parametrize("argv", [["transformer-average"], ["transformer-average", "avg.pt", "a.pt"]])
 def test_average_needs_an_output_and_two_inputs(monkeypatch, argv) -> None:
-    monkeypatch.setattr(pipeline, "average", lambda paths, out: pytest.fail("must not average"))
+    monkeypatch.setattr(use, "average", lambda paths, out: pytest.fail("must not average"))
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match="usage: transformer-average OUT.pt IN1.pt IN2.pt"):
         cli.average_main()
 
 
 def test_average_help_prints_its_usage_and_succeeds(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(pipeline, "average", lambda paths, out: pytest.fail("must not average"))
+    monkeypatch.setattr(use, "average", lambda paths, out: pytest.fail("must not average"))
     monkeypatch.setattr(sys, "argv", ["transformer-average", "--help"])
     cli.average_main()  # returns: exit status 0
     assert capsys.readouterr().out.startswith("usage: transformer-average OUT.pt IN1.pt IN2.pt [...]: average")
@@ -448,15 +448,14 @@ def test_a_refused_evaluation_into_a_named_folder_may_be_retried_there(tmp_path:
 
 
 def test_evaluate_and_translate_do_not_replace_results_unless_told(tmp_path: Path, compose_config) -> None:
-    from transformer.app import pipeline
     from transformer.app.schemas import EvaluateConfig, TranslateConfig
 
     (tmp_path / "metrics.json").write_text("{}")
     with pytest.raises(ConfigError, match=r"output_dir: .* already holds metrics.json .* overwrite=true"):
-        pipeline.evaluate(EvaluateConfig(run_dir="nowhere", output_dir=str(tmp_path)))
+        use.evaluate(EvaluateConfig(run_dir="nowhere", output_dir=str(tmp_path)))
     (tmp_path / "out.txt").write_text("earlier translations\n")
     with pytest.raises(ConfigError, match=r"output: .*out.txt exists; choose a new file, or overwrite=true"):
-        pipeline.translate(TranslateConfig(run_dir="nowhere", output=str(tmp_path / "out.txt")))
+        use.translate(TranslateConfig(run_dir="nowhere", output=str(tmp_path / "out.txt")))
     assert (tmp_path / "out.txt").read_text() == "earlier translations\n"
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import write_toy_corpus
 from omegaconf import OmegaConf
 
-from transformer.app import diversify, pipeline
+from transformer.app import diversify, pipeline, use
 from transformer.app.diversify import diversified_pairs
 from transformer.config import ConfigError
 from transformer.data.corpus import DataError, read_lines, read_parallel
@@ -51,7 +51,7 @@ def _translated(compose_config, run: Path, lines: Path, out: Path) -> list[str]:
     """``transformer-translate``'s output for a file: the independent path to what diversify must write."""
     cfg = compose_config("translate", [f"run_dir={run}", "eval=greedy", "device=cpu", f"input={lines}",
                                        f"output={out}"])
-    pipeline.translate(OmegaConf.to_object(cfg))
+    use.translate(OmegaConf.to_object(cfg))
     return read_lines(out)
 
 

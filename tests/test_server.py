@@ -538,7 +538,7 @@ def test_the_explorer_translates_and_shows_each_kind_layer_and_head_in_a_browser
 
 
 def test_evaluate_writes_one_self_contained_explorer_that_opens_offline(run_dir, browser, tmp_path):
-    from transformer.app import pipeline
+    from transformer.app import use
     from transformer.app.schemas import EvaluateConfig
     from transformer.config import AttentionDumpConfig
 
@@ -546,7 +546,7 @@ def test_evaluate_writes_one_self_contained_explorer_that_opens_offline(run_dir,
     cfg = EvaluateConfig(run_dir=str(run_dir), src_file=str(toy / "test.src"), ref_file=str(toy / "test.tgt"),
                          eval=BEAM, attention=AttentionDumpConfig(indices=[0, 2], format="html"),
                          output_dir=str(tmp_path / "eval"), device="cpu")
-    pipeline.evaluate(cfg)
+    use.evaluate(cfg)
     page_file = tmp_path / "eval" / "attention" / "explorer.html"
     assert sorted(p.name for p in page_file.parent.glob("*.npz")) == ["test0_hyp.npz", "test2_hyp.npz"]
     assert "http://" not in page_file.read_text() and "https://" not in page_file.read_text()

@@ -1,5 +1,6 @@
 """Console entry points (``transformer-train`` & co.): compose the Hydra config, convert it once to typed
-dataclasses and call one ``pipeline`` function; an expected failure ends in one line (:mod:`.failures`).
+dataclasses and call one function of :mod:`.pipeline`, :mod:`.use` or the command's own module; an expected failure
+ends in one line (:mod:`.failures`).
 
 The config root is the repository's ``configs/`` folder when the package runs from a source tree (an editable
 install, or ``PYTHONPATH``), else the copy of it that a wheel installs inside the package (``transformer/configs``).
@@ -164,16 +165,16 @@ def _one_kind_of_source(cfg: Any) -> Any:
 
 @hydra.main(config_path=CONFIG_PATH, config_name="evaluate", version_base="1.3")
 def _evaluate(cfg: DictConfig) -> None:
-    from transformer.app import pipeline
+    from transformer.app import use
 
-    run_command(lambda typed: pipeline.evaluate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
+    run_command(lambda typed: use.evaluate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="translate", version_base="1.3")
 def _translate(cfg: DictConfig) -> None:
-    from transformer.app import pipeline
+    from transformer.app import use
 
-    run_command(lambda typed: pipeline.translate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
+    run_command(lambda typed: use.translate(_one_kind_of_source(typed)), cfg, prepare=_export_search)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="serve", version_base="1.3")
@@ -199,9 +200,9 @@ def _prepare_data(cfg: DictConfig) -> None:
 
 @hydra.main(config_path=CONFIG_PATH, config_name="export", version_base="1.3")
 def _export(cfg: DictConfig) -> None:
-    from transformer.app import pipeline
+    from transformer.app import use
 
-    run_command(pipeline.export, cfg)
+    run_command(use.export, cfg)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="benchmark", version_base="1.3")
@@ -285,7 +286,7 @@ def benchmark_main() -> None:
 
 def average_main() -> None:
     """``transformer-average OUT.pt IN1.pt IN2.pt ...``: average model weights of checkpoints."""
-    from transformer.app import pipeline
+    from transformer.app import use
 
     usage = "usage: transformer-average OUT.pt IN1.pt IN2.pt [...]: average the model weights of checkpoints"
     if {"-h", "--help"} & set(sys.argv[1:]):
@@ -294,7 +295,7 @@ def average_main() -> None:
     if len(sys.argv) < 4:
         sys.exit(usage)
     try:
-        pipeline.average(sys.argv[2:], sys.argv[1])
+        use.average(sys.argv[2:], sys.argv[1])
     except KeyboardInterrupt:
         sys.exit(f"transformer-average: interrupted; {sys.argv[1]} was not written")
     except user_errors() as error:

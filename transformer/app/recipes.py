@@ -35,7 +35,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from transformer.app import diversify, pipeline
+from transformer.app import diversify, pipeline, use
 from transformer.app.mps import mps
 from transformer.app.runs import TRAIN_COMMAND, RunSpec, RunState, run_state, supervise
 from transformer.app.schemas import PrepareDataConfig
@@ -122,9 +122,9 @@ def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str],
     first, *others = members
     common = [f"run_dir={quoted(first)}", f"ensemble={hydra_list(others)}", "overwrite=true",  # the recipe's own
               *passed_on(overrides, ("eval", "device"))]
-    pipeline.evaluate(compose_command("evaluate", [*common, f"split={valid_split}",
+    use.evaluate(compose_command("evaluate", [*common, f"split={valid_split}",
                                                    f"output_dir={quoted(out / 'ensemble_val')}"]))
-    return pipeline.evaluate(compose_command("evaluate", [*common,
+    return use.evaluate(compose_command("evaluate", [*common,
                                                           f"output_dir={quoted(out / 'ensemble_test')}"]))
 
 

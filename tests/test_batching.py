@@ -10,14 +10,12 @@ from conftest import multi30k_dir
 
 from transformer.data.batching import (
     Batch,
-    Prefetcher,
     TokenBucketSampler,
     batch_cost,
     collate,
     collate_arrays,
     count_oversized,
     padding_efficiency,
-    prefetched,
 )
 from transformer.data.corpus import TranslationDataset
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -237,30 +235,3 @@ def test_the_pairs_counted_oversized_are_those_the_sampler_batches_alone(multipl
         batches = list(TokenBucketSampler(src, tgt, budget, seed=0, pad_to_multiple=multiple))
         assert all([i] in batches for i in over)
     assert count_oversized([0, 3], [0, 3], 2) == 1  # an empty source still costs a position
-
-
-def test_prefetcher_keeps_order_and_passes_errors_on():
-    assert list(Prefetcher(iter(range(50)), depth=3)) == list(range(50))
-
-    def failing():
-        yield 1
-        raise KeyError("bad batch")
-
-    failing_items = Prefetcher(failing())
-    assert next(failing_items) == 1
-    with pytest.raises(KeyError, match="bad batch"):
-        next(failing_items)
-    endless = Prefetcher(iter(int, 1), depth=2)  # never ends: close() must still stop the thread
-    assert next(endless) == 0
-    endless.close()
-    assert not endless._thread.is_alive()
-
-
-def test_prefetched_uses_a_thread_only_for_cuda_and_stops_it_when_the_block_ends():
-    items = iter(range(5))
-    with prefetched(items, torch.device("cpu")) as batches:
-        assert batches is items  # on a CPU the step and the collation share the cores: nothing to overlap
-    endless = iter(int, 1)
-    with prefetched(endless, torch.device("cuda")) as batches:  # only the device's type is read: no GPU needed
-        assert isinstance(batches, Prefetcher) and next(batches) == 0
-    assert not batches._thread.is_alive()  # the block left with items still coming: the thread was stopped

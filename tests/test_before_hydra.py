@@ -55,7 +55,7 @@ def test_a_helper_rank_under_torchrun_leaves_the_folder_and_the_log_to_rank_0(mo
         monkeypatch.delenv("RANK", raising=False)
     else:
         monkeypatch.setenv("RANK", rank)
-    assert before_hydra.as_a_helper_rank(argv) == extra
+    assert before_hydra.as_a_rank_above_0(argv) == extra
 
 
 def test_shell_completion_and_configs_from_elsewhere_are_left_to_hydra(tmp_path):
@@ -77,10 +77,14 @@ def test_a_resume_without_hydra_run_dir_runs_in_the_resumed_runs_folder(tmp_path
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "step_4.pt").write_bytes(b"weights")
-    into_run = [f"hydra.run.dir='{run}'", "hydra.output_subdir=null"]
+    into_run = [f"hydra.run.dir={run}", "hydra.output_subdir=null"]
     assert before_hydra.resume_in_its_run_dir([f"resume={run}", "training.max_steps=8"]) == into_run
     assert before_hydra.resume_in_its_run_dir([f"resume={run / 'checkpoints'}"]) == into_run
     assert before_hydra.resume_in_its_run_dir([f"resume={run / 'checkpoints' / 'step_4.pt'}"]) == into_run
+    quoted = tmp_path / "it's (v2)"  # a folder name the override grammar would parse: quoted, its quote escaped
+    (quoted / "checkpoints").mkdir(parents=True)
+    assert before_hydra.resume_in_its_run_dir([f'resume="{quoted}"']) == [
+        "hydra.run.dir='" + str(quoted).replace("'", "\\'") + "'", "hydra.output_subdir=null"]
     for argv in ([f"resume={run}", f"hydra.run.dir={tmp_path / 'elsewhere'}"], ["resume=auto"], [],
                  [f"resume={tmp_path / 'nothing'}"], ["-m", f"resume={run}"]):
         assert before_hydra.resume_in_its_run_dir(argv) == []

@@ -277,15 +277,6 @@ def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) 
     assert result.returncode == 1 and [p.name for p in (tmp_path / "outputs" / "train").iterdir()] == ["an_earlier_run"]
 
 
-def test_merge_overrides_keeps_the_runs_recipe_under_this_commands_values() -> None:
-    earlier = ["model=mini", "training.lr=2e-3", "hydra.run.dir=/runs/a", "training.max_epochs=38", "+extra=1",
-               "model@other=tiny", "data.cache_dir=${data.dir}/c"]
-    now = ["resume=/runs/a", "training.max_epochs=40", "++extra=2", "model=small"]
-    assert cli.merge_overrides(earlier, now) == [  # resume and Hydra's own settings are no part of a recipe
-        "training.lr=2e-3", "model@other=tiny", "data.cache_dir=${data.dir}/c", "training.max_epochs=40", "++extra=2",
-        "model=small"]
-
-
 def _train_command(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", "from transformer.app.cli import train_main; train_main()", *overrides],

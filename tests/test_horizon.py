@@ -3,6 +3,8 @@ read their part of a checkpoint."""
 
 from __future__ import annotations
 
+import logging
+
 from transformer.config import Schedule
 from transformer.training.horizon import Horizon
 from transformer.training.loop_state import LoopState
@@ -23,7 +25,23 @@ def test_steps_and_the_projected_time_end_the_run_and_the_schedule():
     assert horizon.time_limit.step == 30 and horizon.schedule_steps == 30
     assert horizon.step_limit(29) is None and horizon.step_limit(30) == "max_minutes"
     assert horizon.out_of_time(59.0) is False and horizon.out_of_time(60.0) is True
-    assert horizon.epochs_done(3) is False and horizon.epochs_done(4) is True
+    assert horizon.past_max_epochs(3) is False and horizon.past_max_epochs(4) is True
+
+
+def test_a_time_limit_that_ends_the_run_within_the_warm_up_is_warned_of_once(caplog):
+    horizon = Horizon(training_config(max_epochs=10, max_minutes=1.0, warmup_steps=100, lr=1e-3), epoch_steps=50)
+    with caplog.at_level(logging.WARNING, logger="transformer.training.horizon"):
+        horizon.reproject(step=10, steps_per_second=1.0, train_seconds=10.0, is_main=True)  # 50 s left: step 60
+        horizon.reproject(step=20, steps_per_second=1.0, train_seconds=20.0, is_main=True)  # the same, once
+    assert [r.getMessage() for r in caplog.records] == [
+        "training.max_minutes=1 runs out near step 60, before the 100 steps of warm-up end (training.warmup_steps): "
+        "the learning rate rises to 0.0006 at most, never to training.lr=0.001, and the run ends without its decay; "
+        "a shorter warm-up or a larger training.max_minutes trains better"]
+    caplog.clear()
+    enough = Horizon(training_config(max_epochs=10, max_minutes=10.0, warmup_steps=100), epoch_steps=50)
+    with caplog.at_level(logging.WARNING, logger="transformer.training.horizon"):
+        enough.reproject(step=10, steps_per_second=1.0, train_seconds=10.0, is_main=True)  # step 600: past it
+    assert not caplog.records
 
 
 def test_patience_runs_out_after_validations_without_a_gain():

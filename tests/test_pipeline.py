@@ -376,6 +376,16 @@ def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path, na
     assert len(lines) == len(set(lines))
     console = done.stdout + done.stderr
     assert console.count("training stopped (max_steps) at step 6") == 1 and "[rank 1]" not in console
+    if named:  # a new run into it (output_dir, past the command line's own check): refused on both ranks alike
+        again = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+             str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "training.max_steps=6",
+             "training.threads=1", "device=cpu", f"output_dir={run}", f"hydra.run.dir={tmp_path / 'again'}"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )
+        console = again.stdout + again.stderr
+        assert again.returncode != 0 and "[rank 1][ERROR] transformer.app.failures: output_dir:" in console
+        assert "Error executing job" not in console  # rank 1 refused too: it did not fail waiting for rank 0
 
 
 def test_cli_reports_a_bad_config_in_one_line(tmp_path):

@@ -259,7 +259,7 @@ def test_an_ensemble_trains_every_seed_scores_the_ensemble_and_resumes(toy_corpu
 
 @pytest.mark.slow
 def test_diversification_trains_both_ways_extends_the_corpus_and_trains_the_students(toy_corpus, tmp_path):
-    out = tmp_path / "div"
+    out = tmp_path / "div (v2)"  # a folder name the override grammar would parse, unquoted
     args = ["diversified", str(out), "eval.batch_size=7", "--seeds", "5,6", "--backward-seeds", "7",
             "--student-seeds", "1234", "--wide-student-seeds", "9", "--student-epochs", "1"]
     first = _recipe(tmp_path, toy_corpus, *args, "--parallel", "2", "--no-score-teachers")

@@ -16,6 +16,7 @@ from hydra.errors import HydraException
 
 from transformer.app.schemas import refuse_unknown_overrides
 from transformer.config import ConfigError
+from transformer.overrides import override_value
 
 
 def overrides_given(overrides: list[str]) -> dict[str, Any]:
@@ -183,12 +184,12 @@ def resume_in_its_run_dir(argv: list[str]) -> list[str]:
     target = Path(str(given["resume"]))
     root = target.parent.parent if target.is_file() and target.parent.name == "checkpoints" else (
         target.parent if target.name == "checkpoints" else target)
-    if not (root / "checkpoints").is_dir() or "'" in str(root):
+    if not (root / "checkpoints").is_dir():
         return []  # not a run: the command names what is wrong with resume=
-    return [f"hydra.run.dir='{root}'", "hydra.output_subdir=null"]
+    return [f"hydra.run.dir={override_value(root)}", "hydra.output_subdir=null"]
 
 
-def as_a_helper_rank(argv: list[str]) -> list[str]:
+def as_a_rank_above_0(argv: list[str]) -> list[str]:
     """Under torchrun, the Hydra settings that leave the run's folder and log to rank 0 (which tells the others its
     folder): a rank above 0 makes no folder (its own is the current one, unwritten), no ``.hydra``, and logs its
     errors only, to stderr, naming its rank."""

@@ -40,7 +40,8 @@ from transformer import files
 from transformer.app import pipeline
 from transformer.app.schemas import BenchmarkConfig
 from transformer.config import ModelConfig, TrainConfig, to_plain_dict
-from transformer.data.batching import TokenBucketSampler, prefetched
+from transformer.data.batching import TokenBucketSampler
+from transformer.data.prefetch import prefetched
 from transformer.data.splits import load_split
 from transformer.inference.loading import TrainedModel, load_trained
 from transformer.inference.translation import translate
@@ -166,8 +167,9 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
             step_batches = next(batches)
             trainer.train_step(step_batches)
             for batch in step_batches:  # lengths from the batch itself (with BPE-dropout, not the cached ones)
-                src_lens = batch.src.ne(src_tok.pad_id).sum(1).numpy().astype(np.float64)
-                tgt_lens = batch.tgt_out.ne(tgt_tok.pad_id).sum(1).numpy().astype(np.float64)  # EOS included
+                pairs = len(batch.indices)  # the rows after them, if any, fill the shape of a CUDA graph
+                src_lens = batch.src[:pairs].ne(src_tok.pad_id).sum(1).numpy().astype(np.float64)
+                tgt_lens = batch.tgt_out[:pairs].ne(tgt_tok.pad_id).sum(1).numpy().astype(np.float64)  # EOS too
                 src_tokens, tgt_tokens = src_tokens + src_lens.sum(), tgt_tokens + tgt_lens.sum()
                 padded += batch.src.numel() + batch.tgt_out.numel()
                 flops += passes * training_flops(cfg.model, src_lens, tgt_lens, tgt_tok.vocab_size).sum()

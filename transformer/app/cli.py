@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer.app import before_hydra, schemas, sweeps
 from transformer.app.before_hydra import overrides_given
 from transformer.app.failures import PATH_ERRORS, path_error_line, run_command, user_errors
+from transformer.overrides import merge_overrides, override_value
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +59,6 @@ def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:
     return None
 
 
-def merge_overrides(earlier: list[str], now: list[str]) -> list[str]:
-    """Command-line overrides ``earlier``, then ``now``; where both set the same key or group (in the same
-    package), ``now``'s alone. Hydra's own settings and ``resume`` are left out of both: not part of a recipe."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    earlier_parsed, now_parsed = parser.parse_overrides(earlier), parser.parse_overrides(now)
-    given = {(o.key_or_group, o.package) for o in now_parsed}
-    kept = [o for o in earlier_parsed if (o.key_or_group, o.package) not in given] + now_parsed
-    return [o.input_line for o in kept if o.key_or_group != "resume" and not o.key_or_group.startswith("hydra")]
-
-
 def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     """This command's config and the run's recipe: the command-line overrides that define a run, kept in its
     checkpoints. A new run's recipe is this command's overrides. With ``resume=RUN`` it is RUN's recipe with this
@@ -90,7 +79,7 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
         return cfg, merge_overrides([], now)
     recipe = merge_overrides(earlier, now)
     log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
-    resume = [f"resume='{cfg.resume}'" if "'" not in cfg.resume else f'resume="{cfg.resume}"']  # auto: resolved
+    resume = [f"resume={override_value(cfg.resume)}"]  # auto: resolved
     composed = hydra.compose(config_name="train", overrides=recipe + resume)
     try:
         composed.model.glove.path  # ${oc.env:GLOVE_PATH} in the GloVe models: unset in this shell, maybe
@@ -243,7 +232,7 @@ def train_main() -> None:
     _setup(schemas.TrainConfig, "train", lambda cfg: _typed(_with_recipe(cfg)[0]))
     before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
     sys.argv += before_hydra.resume_in_its_run_dir(sys.argv[1:])
-    sys.argv += before_hydra.as_a_helper_rank(sys.argv[1:])
+    sys.argv += before_hydra.as_a_rank_above_0(sys.argv[1:])
     before_hydra.refuse_a_held_run_dir(sys.argv[1:])
     _train()
 

@@ -104,11 +104,7 @@ def _start_run(cfg: TrainConfig, dist: DistContext,
     if cfg.resume is None:
         glove.check_dimension(cfg.model.glove, cfg.model.d_model)  # a resumed run's vectors are in its weights
         resumed, path, run = None, None, ckpt.RunDir(Path(cfg.output_dir))
-        _hold(run, "output_dir", dist, held)
-        if dist.is_main and run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):  # the others: rank 0's
-            raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
-                              f"overwrite; continue it with resume={run.root}, or train into another directory "
-                              "(output_dir=... or hydra.run.dir=...)")
+        _hold(run, "output_dir", dist, held, then=_refuse_a_started_run)
     else:
         resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
         _hold(run, "resume", dist, held)
@@ -119,17 +115,27 @@ def _start_run(cfg: TrainConfig, dist: DistContext,
     return resumed, path, run
 
 
-def _hold(run: ckpt.RunDir, key: str, dist: DistContext, held: ExitStack) -> None:
-    """Rank 0 holds ``run``'s folder until ``held`` closes; a refusal is raised on every rank (the others would wait
-    for rank 0 otherwise)."""
+def _hold(run: ckpt.RunDir, key: str, dist: DistContext, held: ExitStack,
+          then: Callable[[ckpt.RunDir], None] | None = None) -> None:
+    """Rank 0 holds ``run``'s folder until ``held`` closes, then checks it with ``then``; a refusal of either is
+    raised on every rank (the others would wait for rank 0 otherwise)."""
     refusal = None
     if dist.is_main:
         try:
             held.enter_context(hold_run(run.root, key))
+            if then is not None:
+                then(run)
         except ConfigError as error:
             refusal = str(error)
     if (refusal := broadcast_object(refusal)) is not None:
         raise ConfigError(refusal)
+
+
+def _refuse_a_started_run(run: ckpt.RunDir) -> None:
+    if run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):
+        raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
+                          f"overwrite; continue it with resume={run.root}, or train into another directory "
+                          "(output_dir=... or hydra.run.dir=...)")
 
 
 @contextmanager

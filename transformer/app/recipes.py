@@ -44,6 +44,7 @@ from transformer.config import ConfigError, TrainConfig
 from transformer.data import cache as corpus_cache
 from transformer.data.tokenizer import tokenizer_digest, tokenizer_from_state
 from transformer.inference.loading import find_checkpoint
+from transformer.overrides import override_value
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +73,6 @@ def compose_command(name: str, overrides: Sequence[str]) -> Any:
 
 def compose_train(overrides: Sequence[str]) -> TrainConfig:
     return compose_command("train", overrides)
-
-
-def quoted(value: object) -> str:
-    """``value`` quoted for a Hydra override (paths may hold characters Hydra would parse)."""
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def hydra_list(items: Sequence[object]) -> str:
-    """``['a','b']`` for a Hydra override."""
-    return "[" + ",".join(quoted(item) for item in items) + "]"
 
 
 def passed_on(overrides: Sequence[str], keys: Sequence[str]) -> list[str]:
@@ -120,12 +111,12 @@ def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str],
     on the test split, decoded as the ``eval`` and ``device`` overrides among ``overrides`` say; the test metrics."""
     valid_split = valid_split or compose_train(overrides).data.valid_split
     first, *others = members
-    common = [f"run_dir={quoted(first)}", f"ensemble={hydra_list(others)}", "overwrite=true",  # the recipe's own
+    common = [f"run_dir={override_value(first)}", f"ensemble={override_value(others)}", "overwrite=true",  # the recipe's own
               *passed_on(overrides, ("eval", "device"))]
     use.evaluate(compose_command("evaluate", [*common, f"split={valid_split}",
-                                                   f"output_dir={quoted(out / 'ensemble_val')}"]))
+                                                   f"output_dir={override_value(out / 'ensemble_val')}"]))
     return use.evaluate(compose_command("evaluate", [*common,
-                                                          f"output_dir={quoted(out / 'ensemble_test')}"]))
+                                                          f"output_dir={override_value(out / 'ensemble_test')}"]))
 
 
 def report_members(members: Sequence[Path]) -> None:
@@ -205,7 +196,7 @@ def diversified(options: Options, plan: Diversified) -> dict | None:
                           "or wide-student-seeds)")
     overrides = ["training.max_minutes=null", *options.overrides]  # first, so that a limit among them wins
     cfg = compose_train(overrides)  # a bad override stops the recipe here, before any training
-    backward = [*overrides, f"data.src={cfg.data.tgt}", f"data.tgt={cfg.data.src}"]
+    backward = [*overrides, f"data.src={override_value(cfg.data.tgt)}", f"data.tgt={override_value(cfg.data.src)}"]
     out = options.out
     if options.prepare:
         prepare(overrides)
@@ -225,7 +216,7 @@ def diversified(options: Options, plan: Diversified) -> dict | None:
         log.info("diversified corpus: made earlier, kept (%s)", corpus)
     else:
         make_corpus(out, overrides, plan)
-    student = [*overrides, f"data.train_dir={corpus}", "data.max_pairs=null",
+    student = [*overrides, f"data.train_dir={override_value(corpus)}", "data.max_pairs=null",
                f"training.max_epochs={plan.student_epochs}"]
     if options.prepare:
         prepare(student)
@@ -245,9 +236,9 @@ def make_corpus(out: Path, overrides: Sequence[str], plan: Diversified) -> None:
     recipe's overrides only the device and ``eval.batch_size`` reach this step)."""
     shutil.rmtree(out / "corpus", ignore_errors=True)  # a crash before diversify.json leaves nothing worth keeping
     diversify.run(compose_command("diversify", [
-        f"forward={hydra_list([out / 'forward' / f'seed_{seed}' for seed in plan.seeds])}",
-        f"backward={hydra_list([out / 'backward' / f'seed_{seed}' for seed in plan.backward_seeds])}",
-        f"out_dir={quoted(out / 'corpus')}", *passed_on(overrides, ("device", "eval.batch_size"))]))
+        f"forward={override_value([out / 'forward' / f'seed_{seed}' for seed in plan.seeds])}",
+        f"backward={override_value([out / 'backward' / f'seed_{seed}' for seed in plan.backward_seeds])}",
+        f"out_dir={override_value(out / 'corpus')}", *passed_on(overrides, ("device", "eval.batch_size"))]))
 
 
 BEST_GPU_OVERRIDES = ("training.validate_every_steps=1082", "eval.batch_size=2048")
@@ -276,8 +267,8 @@ def best_gpu(options: Options, plan: Diversified, use_mps: bool = True) -> dict 
 def translate_hint(metrics: dict[str, Any]) -> str:
     """The command that translates with the students an evaluation scored (one student: no ensemble)."""
     others = metrics.get("ensemble") or []  # quoted for Hydra, then for the shell
-    members = " " + shlex.quote(f"ensemble={hydra_list(others)}") if others else ""
-    return (f"translate with it: transformer-translate {shlex.quote('checkpoint=' + quoted(metrics['checkpoint']))}"
+    members = " " + shlex.quote(f"ensemble={override_value(others)}") if others else ""
+    return (f"translate with it: transformer-translate {shlex.quote('checkpoint=' + override_value(metrics['checkpoint']))}"
             f"{members} < input.txt > output.txt")
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from transformer.checkpoint import RunDir
+from transformer.overrides import override_value
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,8 @@ class RunSpec:
 
     def command(self, train_command: Sequence[str]) -> list[str]:
         """The command line that trains, resumes or (finished) would redo this run."""
-        where = [f"resume={self.run}", f"hydra.run.dir={self.run}.resumed"] \
-            if run_state(self.run) is RunState.started else [f"hydra.run.dir={self.run}"]
+        where = [f"resume={override_value(self.run)}", f"hydra.run.dir={override_value(f'{self.run}.resumed')}"] \
+            if run_state(self.run) is RunState.started else [f"hydra.run.dir={override_value(self.run)}"]
         return [*train_command, *self.overrides, "training.progress_bar=false", *where]
 
 

@@ -51,8 +51,9 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling():
-        return F.dropout(x, p, training=True)  # fused (a CUDA kernel, Inductor's code) or in a narrow type
+    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.compiler.is_compiling() \
+            or round(p * _LEVELS) == _LEVELS:  # fused (a CUDA kernel, Inductor's code), a narrow type, or p ≈ 1
+        return F.dropout(x, p, training=True)  # (within 2^-17 of 1, p would round to dropping every level)
     return _CpuDropout.apply(x, p)
 
 

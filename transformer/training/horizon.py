@@ -34,6 +34,7 @@ class Horizon:
         self.epoch_steps = epoch_steps
         self.time_limit = TimeLimit(cfg.max_minutes)
         self.early_stopping = EarlyStopping(cfg.patience)
+        self._warned_of_a_short_time = False
 
     @property
     def planned_steps(self) -> int:
@@ -60,7 +61,7 @@ class Horizon:
             return "max_minutes"
         return None
 
-    def epochs_done(self, epoch: int) -> bool:
+    def past_max_epochs(self, epoch: int) -> bool:
         """Whether ``epoch`` (0-based, in progress) is past ``max_epochs``."""
         return epoch >= self.cfg.max_epochs
 
@@ -86,8 +87,17 @@ class Horizon:
         return None
 
     def reproject(self, step: int, steps_per_second: float, train_seconds: float, is_main: bool) -> None:
-        """Project where ``max_minutes`` runs out at this pace (collective under DDP)."""
+        """Project where ``max_minutes`` runs out at this pace (collective under DDP); warn once if that comes
+        before the warm-up ends."""
         self.time_limit.reproject(step, steps_per_second, train_seconds, self.planned_steps, is_main)
+        end = self.schedule_steps
+        if is_main and end < self.cfg.warmup_steps and not self._warned_of_a_short_time:
+            self._warned_of_a_short_time = True
+            log.warning("training.max_minutes=%g runs out near step %d, before the %d steps of warm-up end "
+                        "(training.warmup_steps): the learning rate rises to %.3g at most, never to training.lr=%g, "
+                        "and the run ends without its decay; a shorter warm-up or a larger training.max_minutes "
+                        "trains better", self.cfg.max_minutes, end, self.cfg.warmup_steps, self.rate(end),
+                        self.cfg.lr)
 
     def warn_if_warmup_outlasts(self) -> None:
         """A warm-up longer than the plan never reaches ``training.lr``: say the highest rate it reaches."""

@@ -9,7 +9,6 @@ epoch begun by one number of processes is finished only by the same number (:fun
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from omegaconf import OmegaConf
 
 from transformer.checkpoint import OPTIONAL_TRAINER_KEYS, TRAINER_KEYS, CheckpointError, RunDir, load_checkpoint
 from transformer.config import ConfigError, DataConfig, ModelConfig, flatten, to_plain_dict
+from transformer.overrides import override_value
 from transformer.training.checkpoints import CheckpointManager
 from transformer.training.distributed import DistContext, broadcast_object
 from transformer.training.loop_state import mid_epoch
@@ -93,7 +93,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
         why = ("resume with the same model settings" if key.startswith("model.") else
                "resume with the same value: it changes the batches or how they form steps, so the run "
                "would not continue exactly where it stopped")
-        as_trained = " ".join(f"{name}={_override_value(old[name])}" for name in refused + changed)
+        as_trained = " ".join(f"{name}={override_value(old[name])}" for name in refused + changed)
         raise ConfigError(f"{key}: the checkpoint {path} was trained with {old[key]!r}, the config says "
                           f"{new[key]!r}; {why}. To continue it as it was trained, add: {as_trained}")
     for key in changed:
@@ -101,7 +101,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], path: st
             log.warning("%s: the checkpoint %s was trained with %r, this run resolves %r (on one GPU the step is "
                         "replayed from CUDA graphs by default since version 0.8): the same updates up to rounding; "
                         "training.cuda_graphs=%s keeps the step as it was", key, path, old[key], new[key],
-                        _override_value(old[key]))
+                        override_value(old[key]))
             continue
         log.warning("%s: the checkpoint %s was trained with %r, the config says %r; the resumed run uses "
                     "the new value (same batches, a different optimisation or stopping rule from here on)",
@@ -112,20 +112,6 @@ def _same_folder(key: str, old: Any, new: Any) -> bool:
     """A corpus folder named relative and absolute (runs record it absolute since version 0.9.2)."""
     return key in ("data.dir", "data.train_dir") and None not in (old, new) and \
         Path(old).absolute() == Path(new).absolute()
-
-
-def _override_value(value: Any) -> str:
-    """``value`` as Hydra's command-line override grammar writes it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_override_value(item) for item in value) + "]"
-    text = str(value)
-    if isinstance(value, str) and not re.fullmatch(r"[\w./+-]+", text):
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return text
 
 
 def load_for_resume(target: str | Path, config: dict[str, Any]) -> tuple[dict, RunDir, Path]:

@@ -38,7 +38,7 @@ from torch import nn
 
 from transformer.checkpoint import TRAINER_KEYS, CheckpointError, check_plain
 from transformer.config import TrainingConfig
-from transformer.data.batching import prefetched
+from transformer.data.prefetch import prefetched
 from transformer.inference.metrics import perplexity
 from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
 from transformer.tracking import TRAIN_MINUTES, ProgressBar, Tracker
@@ -118,7 +118,7 @@ class Trainer:
         self.checkpoints = checkpoints
         self.validate = validate
         self.extra_state = extra_state
-        self._step = TrainStep(self.model, optimizer, cfg, device, dist)
+        self._update = TrainStep(self.model, optimizer, cfg, device, dist)
         self.horizon = Horizon(cfg, epoch_steps=self.steps_per_epoch)
         self.state = LoopState(sampler=sampler.state_dict())  # the sampler may run ahead of the batches trained on
         self._check_every = 1 if device.type == "cpu" else cfg.log_every_steps  # steps between device-to-host reads
@@ -134,7 +134,7 @@ class Trainer:
     @property
     def graphs(self) -> StepGraphs | None:
         """The step's CUDA graphs (``training.cuda_graphs``), else None."""
-        return self._step.graphs
+        return self._update.graphs
 
     @property
     def steps_per_epoch(self) -> int:
@@ -171,7 +171,7 @@ class Trainer:
         check_resumable(checkpoint, self.dist.world_size)
         rng = checkpoint["rng"]  # one state per process that wrote it
         self.model.load_state_dict(checkpoint["model"])
-        self._step.load_optimizer_state(checkpoint["optimizer"])
+        self._update.load_optimizer_state(checkpoint["optimizer"])
         self.state = LoopState.from_checkpoint(checkpoint)
         try:  # an epoch's end loads as the sampler's own end: its batch count differs with the number of processes
             self.sampler.load_state_dict(checkpoint["sampler"])
@@ -259,7 +259,7 @@ class Trainer:
         if (reason := self.horizon.ended_before_start(self.step, self.state.seconds_before, self.dist.is_main)):
             return reason
         state = self.state
-        while not self.horizon.epochs_done(state.epoch):
+        while not self.horizon.past_max_epochs(state.epoch):
             if not self._sampler_positioned:
                 self.sampler.set_epoch(state.epoch)
             self._sampler_positioned = False
@@ -351,7 +351,7 @@ class Trainer:
         calls it, so does the benchmark); returns ``TrainStep``'s device statistics and token count."""
         set_learning_rate(self.optimizer, self.horizon.rate(self.step + 1))
         self._in_step = True  # stays set if the step raises: fit then saves nothing half-updated
-        stats = self._step(batches)
+        stats = self._update(batches)
         self._in_step = False
         return stats
 

@@ -255,7 +255,7 @@ class TrainingConfig:
     """The optimisation loop. ``max_epochs``/``max_steps``/``max_minutes``: whichever comes first."""
 
     seed: int = 1234  # seeds Python, NumPy and torch
-    max_epochs: int = 46  # the default model on Multi30k: 52 - 67 min on the 2-core CPU kinds measured (max_minutes)
+    max_epochs: int = 46  # the default model on Multi30k: 52 - 67 min on the 2-core CPUs measured (see max_minutes)
     max_steps: Optional[int] = None  # stop after this many optimizer steps (None: no limit)
     # Training time of the whole run (validation included; a resumed run counts its earlier time). Where it runs out
     # before max_epochs / max_steps, projected from the pace so far, the cosine schedule ends there (Trainer), so a

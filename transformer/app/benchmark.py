@@ -142,7 +142,7 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     """
     train_cfg = TrainConfig(data=cfg.data, model=cfg.model, training=cfg.training, eval=cfg.eval,
                             output_dir=str(work_dir), device=str(device))
-    dist = DistContext(rank=0, world_size=1, local_rank=0, device=device, is_main=True)
+    dist = DistContext.single(device)
     src_tok, tgt_tok, train_set = pipeline.build_training_data(train_cfg, dist)
     seed_everything(cfg.training.seed)
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device)
@@ -256,7 +256,7 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         model, src_tok, tgt_tok, data = trained.model.to(device), trained.src_tok, trained.tgt_tok, trained.config.data
     else:
         train_cfg = TrainConfig(data=cfg.data, model=cfg.model, output_dir=str(work_dir))
-        dist = DistContext(rank=0, world_size=1, local_rank=0, device=device, is_main=True)
+        dist = DistContext.single(device)
         src_tok, tgt_tok, _ = pipeline.build_training_data(train_cfg, dist)
         model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device).eval()
         data = cfg.data

@@ -127,13 +127,14 @@ def _export_search(cfg: DictConfig) -> DictConfig:
 
     from transformer.inference.export import EXPORT_FILE, read_export_record
 
-    record = Path(str(cfg.export_dir)) / EXPORT_FILE if cfg.get("export_dir") else None
-    given = (overrides_given(list(HydraConfig.get().overrides.task)) if record is not None and record.is_file()
-             else {"eval": 1})
-    if "eval" not in given:
-        for key, value in read_export_record(record.parent).get("decoding", {}).items():
-            if key in cfg.eval and f"eval.{key}" not in given:
-                cfg.eval[key] = value
+    if not cfg.get("export_dir") or not (Path(str(cfg.export_dir)) / EXPORT_FILE).is_file():
+        return cfg
+    given = overrides_given(list(HydraConfig.get().overrides.task))
+    if "eval" in given:
+        return cfg
+    for key, value in read_export_record(Path(str(cfg.export_dir))).get("decoding", {}).items():
+        if key in cfg.eval and f"eval.{key}" not in given:
+            cfg.eval[key] = value
     return cfg
 
 
@@ -300,6 +301,7 @@ def recipe_main() -> None:
     what is made of them (:mod:`transformer.app.recipes`)."""
     from transformer.app import recipes
     from transformer.app.mps import mps
+    from transformer.app.pipeline import LOG_FORMAT
     from transformer.app.runs import RunFailed
 
     parser = recipes.command_line(recipe_main.__doc__)
@@ -310,7 +312,7 @@ def recipe_main() -> None:
         parser.error(f"--parallel: runs at once must be >= 1, got {args.parallel}")
     before_hydra.refuse_an_unwritable_folder("OUT_DIR", Path(args.out_dir))
     before_hydra.refuse_mistyped_keys(schemas.TrainConfig, list(args.overrides), Path(CONFIG_PATH) / "train.yaml")
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     # Ctrl-C, and SIGTERM alike, end the recipe as KeyboardInterrupt wherever it is (MPS is stopped on the way out);
     # while runs train, the recipe passes them on instead (transformer.app.runs). Also when started in a script's
     # background, which ignores SIGINT.

@@ -47,7 +47,7 @@ from transformer.training.trainer import Trainer
 from transformer.training.validation import make_validator
 
 log = logging.getLogger(__name__)
-_LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job-log format
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's job-log format
 
 
 # --------------------------------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def _log_into(path: Path | None) -> Iterator[None]:
         yield
         return
     handler = logging.FileHandler(path, mode="a", encoding="utf-8")
-    handler.setFormatter(handlers[0].formatter if handlers else logging.Formatter(_LOG_FORMAT))
+    handler.setFormatter(handlers[0].formatter if handlers else logging.Formatter(LOG_FORMAT))
     root.addHandler(handler)
     try:
         yield

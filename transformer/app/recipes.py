@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +111,8 @@ def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str],
     on the test split, decoded as the ``eval`` and ``device`` overrides among ``overrides`` say; the test metrics."""
     valid_split = valid_split or compose_train(overrides).data.valid_split
     first, *others = members
-    common = [f"run_dir={override_value(first)}", f"ensemble={override_value(others)}", "overwrite=true",  # the recipe's own
-              *passed_on(overrides, ("eval", "device"))]
+    common = [f"run_dir={override_value(first)}", f"ensemble={override_value(others)}",
+              "overwrite=true", *passed_on(overrides, ("eval", "device"))]  # overwrite: the recipe's own folders
     use.evaluate(compose_command("evaluate", [*common, f"split={valid_split}",
                                                    f"output_dir={override_value(out / 'ensemble_val')}"]))
     return use.evaluate(compose_command("evaluate", [*common,
@@ -195,6 +195,8 @@ def diversified(options: Options, plan: Diversified) -> dict | None:
         raise ConfigError("student-seeds: the recipe ends in its students; name at least one seed (student-seeds "
                           "or wide-student-seeds)")
     overrides = ["training.max_minutes=null", *options.overrides]  # first, so that a limit among them wins
+    # two kinds of runs side by side: both directions' teachers, then both kinds of students
+    at_once = options.parallel * (2 if options.parallel > 1 else 1)
     cfg = compose_train(overrides)  # a bad override stops the recipe here, before any training
     backward = [*overrides, f"data.src={override_value(cfg.data.tgt)}", f"data.tgt={override_value(cfg.data.src)}"]
     out = options.out
@@ -205,7 +207,7 @@ def diversified(options: Options, plan: Diversified) -> dict | None:
     teachers = member_specs(out / "forward", overrides, plan.seeds) \
         + member_specs(out / "backward", backward, plan.backward_seeds)
     # The two directions side by side: up to twice ``parallel`` runs at once.
-    supervise(teachers, parallel=options.parallel * (2 if options.parallel > 1 else 1),
+    supervise(teachers, parallel=at_once,
               train_command=options.train_command)
     if plan.score_teachers and not options.train_only:
         for side, seeds, composed in (("forward", plan.seeds, overrides), ("backward", plan.backward_seeds, backward)):
@@ -222,7 +224,7 @@ def diversified(options: Options, plan: Diversified) -> dict | None:
         prepare(student)
     students = member_specs(out / "student", student, plan.student_seeds) \
         + member_specs(out / "student_wide", [*student, "model=wide"], plan.wide_student_seeds)
-    supervise(students, parallel=options.parallel * (2 if options.parallel > 1 else 1),
+    supervise(students, parallel=at_once,
               train_command=options.train_command)
     if options.train_only:
         return None
@@ -254,9 +256,9 @@ def best_gpu(options: Options, plan: Diversified, use_mps: bool = True) -> dict 
                           f"transformer-recipe diversified {options.out} trains the same recipe one run at a time "
                           "(about 8.5 hours on 2 cores)")
     started = time.monotonic()
-    options.overrides = [*BEST_GPU_OVERRIDES, *options.overrides]
+    shaped = replace(options, overrides=[*BEST_GPU_OVERRIDES, *options.overrides])  # the caller's stay as they were
     with mps(enabled=use_mps):
-        metrics = diversified(options, Diversified(**{**vars(plan), "score_teachers": False}))
+        metrics = diversified(shaped, replace(plan, score_teachers=False))
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     print(f"the recipe took {minutes} min {seconds} s")
     if metrics is not None:
@@ -268,8 +270,8 @@ def translate_hint(metrics: dict[str, Any]) -> str:
     """The command that translates with the students an evaluation scored (one student: no ensemble)."""
     others = metrics.get("ensemble") or []  # quoted for Hydra, then for the shell
     members = " " + shlex.quote(f"ensemble={override_value(others)}") if others else ""
-    return (f"translate with it: transformer-translate {shlex.quote('checkpoint=' + override_value(metrics['checkpoint']))}"
-            f"{members} < input.txt > output.txt")
+    checkpoint = shlex.quote(f"checkpoint={override_value(metrics['checkpoint'])}")
+    return f"translate with it: transformer-translate {checkpoint}{members} < input.txt > output.txt"
 
 
 def _seeds(text: str) -> list[int]:
@@ -288,11 +290,12 @@ def _seeds(text: str) -> list[int]:
 def command_line(description: str | None = None) -> argparse.ArgumentParser:
     """``transformer-recipe``'s arguments."""
     parser = argparse.ArgumentParser(prog="transformer-recipe", description=description)
+    default = Diversified()
     parser.add_argument("recipe", nargs="?", choices=["ensemble", "diversified", "best_gpu"])
     parser.add_argument("out_dir", nargs="?", help="the recipe's folder: its runs, corpus and scores")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
-    parser.add_argument("--seeds", type=_seeds, default=[1234, 1, 2], help="the runs' seeds (diversified: the "
-                        "forward teachers'), comma-separated (default 1234,1,2)")
+    parser.add_argument("--seeds", type=_seeds, default=default.seeds, help="the runs' seeds (diversified: the "
+                        "forward teachers'), comma-separated (default %(default)s)")
     parser.add_argument("--parallel", type=int, help="runs at once: more only on a GPU (default 1; best_gpu: 3); "
                         "above 1, diversified and best_gpu run twice as many (both directions' teachers together)")
     parser.add_argument("--train-only", action="store_true", help="train or keep the runs, score nothing")
@@ -300,11 +303,12 @@ def command_line(description: str | None = None) -> argparse.ArgumentParser:
                         help="ensemble: finished runs of another recipe on the same data, scored with these")
     parser.add_argument("--valid-split", help="ensemble: the split to score it on besides the test split (default: "
                         "the corpus's data.valid_split)")
-    parser.add_argument("--backward-seeds", type=_seeds, default=[1234, 1], help="diversified (none: no backward "
-                        "teachers)")
-    parser.add_argument("--student-seeds", type=_seeds, default=[1234, 1, 2])
-    parser.add_argument("--wide-student-seeds", type=_seeds, default=[1234], help="students of model=wide")
-    parser.add_argument("--student-epochs", type=int, default=15)
+    parser.add_argument("--backward-seeds", type=_seeds, default=default.backward_seeds, help="diversified (none: "
+                        "no backward teachers)")
+    parser.add_argument("--student-seeds", type=_seeds, default=default.student_seeds)
+    parser.add_argument("--wide-student-seeds", type=_seeds, default=default.wide_student_seeds,
+                        help="students of model=wide")
+    parser.add_argument("--student-epochs", type=int, default=default.student_epochs)
     parser.add_argument("--no-score-teachers", action="store_true", help="diversified: score no teachers' ensemble")
     parser.add_argument("--mps", action=argparse.BooleanOptionalAction, help="run under NVIDIA MPS, so that runs "
                         "side by side share the GPU at once (default: on for best_gpu only)")

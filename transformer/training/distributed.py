@@ -27,6 +27,11 @@ class DistContext:
     device: torch.device
     is_main: bool  # rank 0: the only process that logs, validates and writes files
 
+    @classmethod
+    def single(cls, device: torch.device) -> DistContext:
+        """The one process of a run without torchrun."""
+        return cls(rank=0, world_size=1, local_rank=0, device=device, is_main=True)
+
     def barrier(self) -> None:
         """Wait for every rank (no-op in a single process)."""
         barrier()
@@ -59,7 +64,7 @@ def init_distributed(device_kind: str | torch.device) -> DistContext:
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     if world_size <= 1:
-        return DistContext(rank=0, world_size=1, local_rank=0, device=choose_device(device_kind), is_main=True)
+        return DistContext.single(choose_device(device_kind))
     device = choose_device(device_kind)
     if device.type == "cuda":
         if device.index is not None and device_kind != "auto":

@@ -90,8 +90,8 @@ class Horizon:
         """Project where ``max_minutes`` runs out at this pace (collective under DDP); warn once if that comes
         before the warm-up ends."""
         self.time_limit.reproject(step, steps_per_second, train_seconds, self.planned_steps, is_main)
-        end = self.schedule_steps
-        if is_main and end < self.cfg.warmup_steps and not self._warned_of_a_short_time:
+        end = self.schedule_steps  # a plan shorter than the warm-up is warned of on its own (warn_if_warmup_outlasts)
+        if is_main and end < self.cfg.warmup_steps <= self.planned_steps and not self._warned_of_a_short_time:
             self._warned_of_a_short_time = True
             log.warning("training.max_minutes=%g runs out near step %d, before the %d steps of warm-up end "
                         "(training.warmup_steps): the learning rate rises to %.3g at most, never to training.lr=%g, "

@@ -19,7 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CPU_LOSS_CHUNK = 512  # target positions per chunk of the fused projection and loss on a CPU (a GPU takes more)
+# Target positions per chunk of the fused output projection and loss: on a CPU a chunk's logits stay in the cache;
+# on a GPU the chunks are few large kernels.
+CPU_LOSS_CHUNK = 512
+GPU_LOSS_CHUNK = 8192
 
 
 def label_smoothed_cross_entropy(

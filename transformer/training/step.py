@@ -27,7 +27,7 @@ from transformer.runtime import autocast, compile_for_training
 from transformer.training import distributed
 from transformer.training.cuda_graphs import StepGraphs
 from transformer.training.distributed import DistContext
-from transformer.training.loss import CPU_LOSS_CHUNK
+from transformer.training.loss import CPU_LOSS_CHUNK, GPU_LOSS_CHUNK
 from transformer.training.objective import TranslationObjective
 from transformer.training.optim import set_capturable
 
@@ -63,9 +63,8 @@ class TrainStep:
         self._skip_on_device = bool(optimizer.defaults.get("fused"))  # the fused step honours found_inf
         if cfg.cuda_graphs:
             self._check_graphable()
-        # CPU: a chunk's logits stay in the cache; GPU: one kernel.
         objective = TranslationObjective(model, label_smoothing=cfg.label_smoothing, r_drop=cfg.r_drop,
-                                         loss_chunk=CPU_LOSS_CHUNK if device.type == "cpu" else 8192)
+                                         loss_chunk=CPU_LOSS_CHUNK if device.type == "cpu" else GPU_LOSS_CHUNK)
         self.ddp = self._wrap_ddp(objective) if dist.world_size > 1 else None
         forward_module = self.ddp if self.ddp is not None else objective
         self._forward = compile_for_training(forward_module) if cfg.compile else forward_module

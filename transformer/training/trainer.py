@@ -186,6 +186,7 @@ class Trainer:
         else:
             log.warning("checkpoint has RNG states for %d rank(s), this run has %d: resuming with fresh seeds, "
                         "so the continuation is not bit-identical", len(rng), self.dist.world_size)
+            # a seed apart from the run's first (seed + rank) and from a resume at another step
             self._pending_rng, self._start_seed = None, self.cfg.seed + 1000 * self.step + self.dist.rank
 
     def save_now(self, reason: str, *, is_best: bool = False) -> None:

@@ -74,7 +74,9 @@ def parse_body(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as error:
         raise RequestError(400, "body", f"is not valid UTF-8 (at byte offset {error.start})") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_object_without_repeats, parse_constant=_not_json)
+    except RequestError:
+        raise
     except json.JSONDecodeError as error:
         raise RequestError(400, "body", f"is not valid JSON: {error.msg} (line {error.lineno} column "
                                         f"{error.colno})") from None
@@ -86,6 +88,20 @@ def parse_body(body: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise RequestError(422, "body", f"must be a JSON object, got {_json_type(value)}")
     return value
+
+
+def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: ``{"text": "a", "text": "b"}`` is refused, not read as "b"."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        repeated = next(key for i, (key, _) in enumerate(pairs) if key in (k for k, _ in pairs[:i]))
+        raise RequestError(400, repeated, "is given twice in one object; give it once")
+    return value
+
+
+def _not_json(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity``: Python's JSON reader takes them, JSON does not."""
+    raise RequestError(400, "body", f"is not valid JSON: {name} is not a JSON value")
 
 
 def _json_type(value: Any) -> str:

@@ -255,8 +255,12 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
         first = translator.translate_scored(sentences)
         translator.translate_scored(sentences)
     assert [r.message for r in caplog.records].count(
-        "eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length (average) "
-        "instead") == 1
+        "eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search (beam_size > 1) normalises by length "
+        "(average) instead") == 1
+    assert translator.search_differences() == [
+        "eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search (beam_size > 1) normalises by length "
+        "(average) instead"]
+    assert Translator.load(one_run).search_differences() == []  # this app's own search
     average = Translator.load(out, eval_cfg=EvalConfig(beam_size=3, length_norm=LengthNorm.average))
     assert average.translate_scored(sentences) == first
     with caplog.at_level("WARNING", logger="transformer.inference.translator"):

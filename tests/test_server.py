@@ -329,6 +329,7 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
     assert info["checkpoint_sha256"] == files.sha256(checkpoint) and info["backend"] == "torch"
     assert (info["source_language"], info["target_language"]) == ("src", "tgt")
     assert info["vocabulary"] == {"source": 12, "target": 12} and info["model"]["n_decoder_layers"] == 2
+    assert info["search_differences"] == []  # this app's own search
     for path in ("/", "/static/explorer.js", "/static/explorer.css"):
         response = httpx.get(url + path)
         assert response.status_code == 200 and "http://" not in response.text and "https://" not in response.text
@@ -363,8 +364,13 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
     lines = sentences(run_dir)[:10]
     with server.serving_in_background(app) as url:
         _same(_pairs(httpx.post(f"{url}/translate", json={"text": lines}).json()), expected(run_dir, lines))
-        assert httpx.get(f"{url}/info").json()["backend"] == "ctranslate2"
+        info = httpx.get(f"{url}/info").json()
+        assert info["backend"] == "ctranslate2" and info["search_differences"] == []  # average: CTranslate2's own
         assert httpx.post(f"{url}/attention", json={"source": lines[0]}).status_code == 200
+    gnmt = server.load_served_model(ServeConfig(export_dir=str(out), eval=EvalConfig(beam_size=3), device="cpu"))
+    assert gnmt.info["eval"]["length_norm"] == "gnmt" and gnmt.info["search_differences"] == [  # said, not hidden
+        "eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search (beam_size > 1) normalises by length "
+        "(average) instead"]
     checkpoint.unlink()  # without its source checkpoint an export still translates; attention says why not
     app = server.create_app(server.load_served_model(cfg), cfg)
     with server.serving_in_background(app) as url:

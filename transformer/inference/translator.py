@@ -219,17 +219,33 @@ class Translator:
                     out[i].append(Translation(self.tgt_tok.decode([self._target_ids[p] for p in pieces]), score))
         return out
 
+    def search_differences(self, cfg: EvalConfig | None = None) -> list[str]:
+        """Where a beam search with ``cfg`` (default: the translator's) differs from this app's own: nothing for
+        the torch backend; for CTranslate2, GNMT length normalisation done as average, and an n-best list without
+        normalisation of which only the best is this app's."""
+        cfg = cfg or self.eval
+        if self.backend != "ctranslate2":
+            return []
+        differences = []
+        if cfg.length_norm is LengthNorm.gnmt:
+            differences.append("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search (beam_size > 1) "
+                               "normalises by length (average) instead")
+        if cfg.length_norm is LengthNorm.none and cfg.n_best > 1:
+            differences.append("eval.length_norm=none: CTranslate2's beam search stops once its best hypothesis ends, "
+                               "so only the best of the n_best is this app's")
+        return differences
+
     def _warn_once(self, cfg: EvalConfig) -> None:
         """Where CTranslate2's beam search differs from this app's, said once per translator (for the default GNMT
         normalisation as information: every export of a default run decodes so)."""
-        if cfg.length_norm is LengthNorm.gnmt and not self._warned_gnmt:
-            log.info("eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search normalises by length "
-                     "(average) instead")  # the default: said, but not as a warning each time an export is used
-            self._warned_gnmt = True
-        if cfg.length_norm is LengthNorm.none and cfg.n_best > 1 and not self._warned_nbest:
-            log.warning("eval.length_norm=none: CTranslate2's beam search stops once its best hypothesis ends, so only "
-                        "the best of the n_best is this app's")
-            self._warned_nbest = True
+        for difference in self.search_differences(cfg):
+            gnmt = difference.startswith("eval.length_norm=gnmt")
+            if gnmt and not self._warned_gnmt:
+                log.info("%s", difference)  # the default: said, but not as a warning each time an export is used
+                self._warned_gnmt = True
+            elif not gnmt and not self._warned_nbest:
+                log.warning("%s", difference)
+                self._warned_nbest = True
 
 
 def _tokenizer(folder: Path, entry: dict[str, Any]) -> Tokenizer:

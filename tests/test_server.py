@@ -495,9 +495,41 @@ def browser():
         launched.close()
 
 
+def _expect(locator):
+    """Playwright's retrying assertion (imported here: the module runs without Playwright too)."""
+    from playwright.sync_api import expect
+
+    return expect(locator)
+
+
+def _watch(page) -> list[str]:
+    """What goes wrong on page from now on: console errors, uncaught exceptions, failed requests, error answers."""
+    problems: list[str] = []
+    page.on("console", lambda message: problems.append(f"console: {message.text}") if message.type == "error"
+            else None)
+    page.on("pageerror", lambda error: problems.append(f"uncaught: {error}"))
+    page.on("requestfailed", lambda request: problems.append(f"failed: {request.url}"))
+    page.on("response", lambda response: problems.append(f"{response.status}: {response.url}")
+            if response.status >= 400 else None)
+    return problems
+
+
+def _requests(page, path: str) -> list[str]:
+    """The bodies of the requests page sends to path, from now on."""
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(request.post_data) if request.url.endswith(path) else None)
+    return sent
+
+
+def _translate(page, lines: list[str]) -> None:
+    page.fill("#input", "\n".join(lines))
+    page.click("#translate")
+    page.wait_for_selector("#results li")
+
+
 def _top(values: list[float], k: int = 3) -> list[int]:
-    """The explorer's rule: the k largest, the earlier index first on ties."""
-    return sorted(range(len(values)), key=lambda i: (-values[i], i))[:k]
+    """The explorer's rule: the k largest above 0, the earlier index first on ties."""
+    return sorted((i for i in range(len(values)) if values[i] > 0), key=lambda i: (-values[i], i))[:k]
 
 
 def _marked(page) -> list[tuple[int, int]]:
@@ -508,15 +540,16 @@ def _marked(page) -> list[tuple[int, int]]:
 
 def _explore(page, maps: dict, layer: int, head: int) -> None:
     """Choose cross-attention, a layer and a head; hover a target piece, then a source piece, and check the marked
-    cells are the largest weights of that row, then of that column."""
+    cells are the largest weights of that row, then of that column, and the colour bar's top is the map's largest."""
     page.select_option("#kind", "cross")
     page.select_option("#layer", str(layer))
     page.select_option("#head", str(head))
-    page.wait_for_selector('table.heatmap[data-kind="cross"]')
+    page.wait_for_selector(f'table.heatmap[data-kind="cross"] caption:has-text("layer {layer}, head {head}")')
     weights = maps["cross"][layer][head]  # (target pieces, source pieces)
-    assert page.locator("table.heatmap td").count() == len(weights) * len(weights[0])
+    assert page.locator("table.heatmap tbody td").count() == len(weights) * len(weights[0])
     assert page.locator("table.heatmap tbody th").all_inner_texts() == maps["target_pieces"]
     assert page.locator("table.heatmap thead th[data-col]").all_inner_texts() == maps["source_pieces"]
+    assert page.inner_text(".scale .max") == f"{max(map(max, weights)):.3f}"
     page.hover('table.heatmap tbody th[data-row="0"]')
     assert _marked(page) == sorted((0, k) for k in _top(weights[0]))
     page.hover('table.heatmap thead th[data-col="0"]')
@@ -527,22 +560,248 @@ def test_the_explorer_translates_and_shows_each_kind_layer_and_head_in_a_browser
     url, _ = served
     lines = sentences(run_dir)[:3]
     page = browser.new_page()
+    problems = _watch(page)
     page.goto(url)
-    page.fill("#input", "\n".join(lines))
-    page.click("#translate")
-    page.wait_for_selector("#results li")
+    page.wait_for_selector("#info:has-text('src → tgt')")
+    # The API's pages, named in the footer; the favicon is the page's own (no request, no 404 in the console).
+    assert page.get_attribute("footer a[href='/openapi.json']", "href") and "CDN" in page.inner_text("footer")
+    assert page.locator("link[rel=icon][href='data:,']").count() == 1
+    assert page.get_attribute("#status", "aria-live") == "polite" and page.locator("label[for=input]").count() == 1
+    _translate(page, lines)
     translations = httpx.post(f"{url}/translate", json={"text": lines}).json()["translations"]
     assert page.locator("#results li .target").all_inner_texts() == [nbest[0]["text"] for nbest in translations]
     page.locator("#results li").nth(1).click()
     page.wait_for_selector("table.heatmap")
     maps = httpx.post(f"{url}/attention", json={"source": lines[1], "target": translations[1][0]["text"]}).json()
+    # Titled with its sentence pair; a caption, scoped headers and labelled controls; a colour bar with its range.
+    assert page.inner_text("#map-title .source") == lines[1]
+    assert page.inner_text("#map-title .target") == translations[1][0]["text"]
+    assert page.inner_text("table.heatmap caption") == ("cross-attention, layer 0, mean of 2 heads: rows are target "
+                                                        "pieces (queries), columns source pieces (keys)")
+    assert page.locator("table.heatmap thead th[scope=col]").count() == len(maps["source_pieces"])
+    assert page.locator("table.heatmap tbody th[scope=row]").count() == len(maps["target_pieces"])
+    for name in ("kind", "layer", "head"):
+        assert page.inner_text(f"label[for={name}]") == name and page.locator(f"select#{name}").count() == 1
+    mean = np.mean(maps["cross"][0], axis=0)
+    assert page.inner_text(".scale .max") == f"{mean.max():.3f}" and "darkest" in page.inner_text(".scale")
+    assert "each map is scaled to its own largest weight" in page.inner_text(".scale")
     _explore(page, maps, layer=1, head=1)
     _explore(page, maps, layer=0, head=0)
     page.select_option("#kind", "encoder")
     page.wait_for_selector('table.heatmap[data-kind="encoder"]')
     assert page.locator("table.heatmap tbody th").all_inner_texts() == maps["source_pieces"]
+    assert page.inner_text("table.heatmap .corner") == "keys: source →\nqueries: source ↓"
     page.screenshot(path=str(tmp_path / "explorer.png"), full_page=True)
     assert (tmp_path / "explorer.png").stat().st_size > 0
+    assert problems == []
+    page.close()
+
+
+def test_the_explorer_works_by_keyboard_alone(served, run_dir, browser):
+    url, _ = served
+    lines = sentences(run_dir)[:3]
+    page = browser.new_page()
+    page.goto(url)
+    page.focus("#input")
+    page.keyboard.type("\n".join(lines))
+    page.keyboard.press("Control+Enter")  # translates; the textarea gets no new line
+    page.wait_for_selector("#results li")
+    assert page.input_value("#input") == "\n".join(lines)
+    page.locator("#results button").first.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"#map-title .source:text-is('{lines[0]}')")
+    page.locator("#results button").nth(1).focus()
+    page.keyboard.press("Space")
+    page.wait_for_selector(f"#map-title .source:text-is('{lines[1]}')")
+    # A changed select keeps the focus: the map under it is redrawn, not the controls.
+    page.focus("#layer")
+    page.keyboard.press("ArrowDown")
+    page.wait_for_selector("table.heatmap caption:has-text('layer 1, mean')")
+    assert page.evaluate("document.activeElement.id") == "layer"
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("ArrowDown")  # the kind: encoder self-attention after cross-attention
+    page.wait_for_selector('table.heatmap[data-kind="encoder"]')
+    assert page.evaluate("document.activeElement.id") == "kind"
+    page.select_option("#head", "1")
+    # Another sentence keeps the chosen kind, layer and head.
+    page.locator("#results button").nth(2).focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f"#map-title .source:text-is('{lines[2]}')")
+    assert [page.input_value(f"#{name}") for name in ("kind", "layer", "head")] == ["encoder", "1", "1"]
+    # A new translation takes the map of the old one away.
+    page.focus("#input")
+    page.keyboard.press("Meta+Enter")
+    page.wait_for_selector("#results li")
+    assert page.locator("#explorer").is_hidden() and page.locator("table.heatmap").count() == 0
+    page.close()
+
+
+def test_the_explorer_on_a_phone_marks_no_masked_weight_and_a_tap_does_what_hover_does(served, run_dir, browser):
+    url, _ = served
+    context = browser.new_context(viewport={"width": 390, "height": 844}, has_touch=True)
+    page = context.new_page()
+    page.goto(url)
+    lines = sentences(run_dir)[:2]
+    _translate(page, lines)
+    page.tap("#results li >> nth=0")
+    page.wait_for_selector("table.heatmap")
+    # Each label sits on the line of its own select, just before it.
+    for name in ("kind", "layer", "head"):
+        label, control = page.locator(f"label[for={name}]").bounding_box(), page.locator(f"#{name}").bounding_box()
+        assert control["y"] <= label["y"] + label["height"] / 2 <= control["y"] + control["height"], name
+        assert 0 <= control["x"] - (label["x"] + label["width"]) < 16, name
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    page.select_option("#kind", "decoder")
+    page.wait_for_selector('table.heatmap[data-kind="decoder"]')
+    target = httpx.post(f"{url}/translate", json={"text": lines[0]}).json()["translations"][0][0]["text"]
+    maps = httpx.post(f"{url}/attention", json={"source": lines[0], "target": target}).json()
+    weights = np.mean(maps["decoder"][0], axis=0).tolist()  # layer 0, mean of heads
+    assert weights[0][1:] == [0.0] * (len(weights) - 1)  # the first position sees itself only
+    for q in range(len(weights)):
+        page.tap(f'table.heatmap tbody th[data-row="{q}"]')
+        assert _marked(page) == sorted((q, k) for k in _top(weights[q])), q
+    assert _marked(page) and page.inner_text(".readout").startswith(maps["target_pieces"][-1] + " attends most to")
+    page.tap('table.heatmap td[data-row="0"][data-col="0"]')
+    assert page.inner_text(".readout") == f"{maps['target_pieces'][0]} → <s>: {weights[0][0]:.3f}"
+    assert "Hover or tap" in page.inner_text(".legend")
+    context.close()
+
+
+def test_the_explorer_keeps_a_big_maps_labels_in_view_and_long_or_empty_text_in_its_card(served, browser):
+    url, _ = served
+    source = " ".join("abcdefgh"[i % 8] for i in range(60))
+    target = " ".join("hgfedcba"[i % 8] for i in range(60))
+    page = browser.new_page(viewport={"width": 1000, "height": 700})
+    page.goto(url)
+    # Answers of the server's shape, chosen: a long translation, an unbroken word, an empty translation.
+    answers = [[{"text": target, "score": -1.0}], [{"text": "x" * 400, "score": -2.0}], [{"text": "", "score": 0.0}]]
+    page.route("**/translate", lambda route: route.fulfill(json={"translations": answers, "warnings": []}))
+    _translate(page, [source, "y" * 400, "a b"])
+    assert page.locator("#results .target").nth(2).inner_text() == "(empty translation)"
+    assert "note" in page.locator("#results .target").nth(2).get_attribute("class")
+    for card in ("#sentences", "#translator"):
+        assert page.eval_on_selector(card, "node => node.scrollWidth <= node.clientWidth"), card
+    page.locator("#results button").first.click()
+    page.wait_for_selector("table.heatmap")
+    assert page.locator("table.heatmap tbody td").count() == 61 * 60
+    wrap = page.locator(".heatmap-wrap")
+    wrap.scroll_into_view_if_needed()
+    wrap.evaluate("node => node.scrollTo(node.scrollWidth, node.scrollHeight)")
+    box = wrap.bounding_box()
+    assert wrap.evaluate("node => node.scrollLeft > 0 && node.scrollTop > 0")
+    for selector, edge in (('tbody th[data-row="60"]', "x"), ('thead th[data-col="59"]', "y")):
+        label = page.locator(f"table.heatmap {selector}")
+        assert label.evaluate("node => getComputedStyle(node).position") == "sticky"
+        where = label.bounding_box()
+        assert abs(where[edge] - box[edge]) < 1, (selector, where, box)  # at the box's edge, scrolled as it is
+        centre = [where["x"] + where["width"] / 2, where["y"] + where["height"] / 2]
+        assert label.evaluate("(node, [x, y]) => node.contains(document.elementFromPoint(x, y))", centre)  # on top
+    page.close()
+
+
+def test_the_explorer_says_what_went_wrong_and_sends_one_request_at_a_time(served, run_dir, browser):
+    url, _ = served
+    lines = sentences(run_dir)[:2]
+    page = browser.new_page()
+    page.clock.install()  # the 60 s timeout, run forward below
+    problems = _watch(page)
+    page.route("**/info", lambda route: route.abort("connectionrefused"))
+    page.goto(url)
+    _expect(page.locator("#info")).to_contain_text("could not be read: The server cannot be reached")
+    sent = _requests(page, "/translate")
+    page.fill("#input", "  \n ")
+    page.click("#translate")
+    _expect(page.locator("#status")).to_have_text("Type a sentence first (one per line).")
+    assert sent == []
+    # In flight: the button is disabled, and neither a second click nor Ctrl+Enter sends another request.
+    held = []
+    page.route("**/translate", lambda route: held.append(route))
+    page.fill("#input", "\n".join(lines))
+    page.click("#translate")
+    _expect(page.locator("#translate")).to_be_disabled()
+    page.click("#translate", force=True)
+    page.press("#input", "Control+Enter")
+    _expect(page.locator("#status")).to_have_text("translating…")
+    assert len(held) == 1 and len(sent) == 1
+    held.pop().fallback()  # on to the server, which answers
+    page.wait_for_selector("#results li")
+    _expect(page.locator("#translate")).to_be_enabled()
+    page.locator("#results button").first.click()
+    page.wait_for_selector("table.heatmap")
+    # A failed /attention takes the map of the sentence before away.
+    page.route("**/attention", lambda route: route.fulfill(status=500, json={"error": "the server failed: boom",
+                                                                             "field": None}))
+    page.locator("#results button").nth(1).click()
+    _expect(page.locator("#status")).to_have_text("Line 2: the server failed: boom")
+    assert page.locator("#explorer").is_hidden() and page.locator("table.heatmap").count() == 0
+    # A request that never answers: given up after 60 s, with a message.
+    page.click("#translate")
+    _expect(page.locator("#status")).to_have_text("translating…")
+    assert page.locator("#results li").count() == 0  # no result of the translation before stays
+    page.clock.run_for(61_000)
+    _expect(page.locator("#status")).to_have_text(re.compile(r"^The server did not answer within 60 s\."))
+    _expect(page.locator("#translate")).to_be_enabled()
+    # A server that is down.
+    page.unroute("**/translate")
+    page.route("**/translate", lambda route: route.abort("connectionrefused"))
+    page.click("#translate")
+    _expect(page.locator("#status")).to_have_text(re.compile(r"^The server cannot be reached: check that "
+                                                             r"transformer-serve is still running"))
+    assert not [problem for problem in problems if problem.startswith("uncaught")], problems
+    for route in held:
+        route.abort()
+    page.close()
+
+
+def test_the_explorer_of_a_server_without_attention_maps_offers_none(served, run_dir, browser):
+    import dataclasses
+
+    cfg = ServeConfig(run_dir=str(run_dir), eval=BEAM, device="cpu")
+    model = server.load_served_model(cfg)  # as an export without its source checkpoint: no model for the maps
+    blind = dataclasses.replace(model, attention=None, info={**model.info, "attention": False},
+                                attention_missing="attention maps need ...: /srv/models/final.pt is not there")
+    with server.serving_in_background(server.create_app(blind, cfg)) as url:
+        page = browser.new_page()
+        page.goto(url)
+        _expect(page.locator("#notice")).to_have_text(re.compile("^Attention maps are not available from this server"))
+        asked = _requests(page, "/attention")
+        _translate(page, sentences(run_dir)[:2])
+        assert page.locator("#results li").count() == 2 and page.locator("#results button").count() == 0
+        page.locator("#results li").first.click()
+        page.wait_for_timeout(200)
+        assert asked == [] and page.locator("#explorer").is_hidden() and "/srv" not in page.inner_text("body")
+        page.close()
+
+
+@pytest.mark.filterwarnings("ignore::transformer.inference.translation.TruncationWarning")  # serve() ignores it
+def test_the_explorer_sends_more_lines_than_a_request_takes_in_several_and_names_lines(served, run_dir, browser):
+    url, _ = served
+    long_line = " ".join(["a", "b", "c", "d"] * 25)  # 100 tokens; the model has 64 positions
+    many = (sentences(run_dir) * 2)[:67]
+    lines = ["a b", "", long_line, *many]  # 69 sentences, on lines 1 and 3 to 70
+    page = browser.new_page()
+    page.goto(url)
+    sent = _requests(page, "/translate")
+    _translate(page, lines)
+    assert [len(json.loads(body)["text"]) for body in sent] == [64, 5]  # the server's max_sentences, from /info
+    wanted = [line for line in lines if line]
+    answers = [httpx.post(f"{url}/translate", json={"text": part}).json()
+               for part in (wanted[:64], wanted[64:])]
+    assert page.locator("#results li .target").all_inner_texts() == [
+        nbest[0]["text"] or "(empty translation)" for answer in answers for nbest in answer["translations"]]
+    warning = "line 3: 100 tokens, cut to the model's limit of 64"
+    assert page.locator("#warnings li").all_inner_texts() == [warning]
+    page.locator("#results button").nth(3).click()
+    page.wait_for_selector("table.heatmap")
+    assert page.locator("#warnings li").all_inner_texts() == [warning]  # until the next translation
+    # A request refused for its tokens is split in two until each part is taken.
+    too_many = {"error": "text: 2400 source tokens; a request takes at most 2048", "field": "text"}
+    page.route("**/translate", lambda route: route.fulfill(status=413, json=too_many)
+               if len(route.request.post_data_json["text"]) > 2 else route.fallback())
+    del sent[:]
+    _translate(page, lines[3:8])
+    assert [len(json.loads(body)["text"]) for body in sent] == [5, 3, 2, 1, 2]  # 5 = 3 + 2, 3 = 2 + 1
+    assert page.locator("#results li .source").all_inner_texts() == lines[3:8]
     page.close()
 
 
@@ -564,13 +823,17 @@ def test_evaluate_writes_one_self_contained_explorer_that_opens_offline(run_dir,
 
     maps = attention_json(load_attention_maps(page_file.parent / "test2_hyp.npz"))
     page = browser.new_page()
+    problems = _watch(page)
     page.goto(page_file.as_uri())
-    assert page.locator("#translator").is_hidden()
+    assert page.locator("#translator").is_hidden() and page.locator("footer").count() == 0  # no server, no API
     page.wait_for_selector("#results li")
     assert page.locator("#results li").count() == 2
-    page.locator("#results li").nth(1).click()
+    page.locator("#results button").nth(1).focus()
+    page.keyboard.press("Enter")
     page.wait_for_selector("table.heatmap")
+    assert page.inner_text("#map-title .source") == (toy / "test.src").read_text().splitlines()[2]
     _explore(page, maps, layer=1, head=0)
+    assert problems == []
     page.close()
 
 

@@ -40,10 +40,15 @@ def attention_json(maps: AttentionMaps, warnings: Sequence[str] = ()) -> dict[st
     }
 
 
+# The served page's footer: the API's own pages (the offline file has no server, so no footer).
+LIVE_FOOTER = ('<footer>API: <a href="/openapi.json">schema (OpenAPI JSON)</a> · <a href="/docs">interactive '
+               "docs</a> (loads Swagger UI from a CDN: needs internet)</footer>")
+
+
 def _page(title: str, info: str, style: str, script: str, data: str, live: bool) -> str:
     template = (ASSETS / "index.html").read_text(encoding="utf-8")
     return template.format(title=html.escape(title), info=html.escape(info), style=style, script=script, data=data,
-                           translator_hidden="" if live else " hidden")
+                           translator_hidden="" if live else " hidden", footer=LIVE_FOOTER if live else "")
 
 
 def live_page(title: str = "Translate and explore attention") -> str:

@@ -6,19 +6,34 @@
 // decoder [layer][head][T][T], cross [layer][head][T][S]: rows are queries, columns keys.
 "use strict";
 
-const TOP_K = 3; // hovering a piece marks this many strongest weights of its row (or column)
+const TOP_K = 3; // hovering (or tapping) a piece marks this many strongest weights of its row (or column)
+const REQUEST_TIMEOUT_S = 60; // a request not answered by then is given up, with a message
+const DEFAULT_MAX_SENTENCES = 64; // the server's default per-request limit, used when GET /info did not answer
+const COLOUR = "25, 80, 200"; // the heat map's colour (RGB); a cell's opacity is its weight / the map's largest
 
 const KINDS = {
-  cross: { label: "cross-attention", rows: "target_pieces", cols: "source_pieces" },
-  encoder: { label: "encoder self-attention", rows: "source_pieces", cols: "source_pieces" },
-  decoder: { label: "decoder self-attention", rows: "target_pieces", cols: "target_input_pieces" },
+  cross: { label: "cross-attention", rows: "target_pieces", cols: "source_pieces",
+    rowAxis: "target pieces (queries)", colAxis: "source pieces (keys)" },
+  encoder: { label: "encoder self-attention", rows: "source_pieces", cols: "source_pieces",
+    rowAxis: "source pieces (queries)", colAxis: "source pieces (keys)" },
+  decoder: { label: "decoder self-attention", rows: "target_pieces", cols: "target_input_pieces",
+    rowAxis: "target pieces each position predicts (queries)", colAxis: "target pieces the decoder reads (keys)" },
 };
+
+// The kind, layer and head the user chose last: kept from one sentence to the next where the new maps have them.
+const chosen = { kind: "cross", layer: 0, head: "mean" };
 
 function element(tag, attributes = {}, text = null) {
   const node = document.createElement(tag);
   for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
   if (text !== null) node.textContent = text;
   return node;
+}
+
+// A translation as the page shows it: an empty one as a note, not as a blank line.
+function targetNode(text) {
+  if (text === "") return element("span", { class: "target note" }, "(empty translation)");
+  return element("span", { class: "target" }, text);
 }
 
 // The (queries x keys) weights of one head, or their mean over the heads when head is "mean".
@@ -28,183 +43,379 @@ function headWeights(maps, kind, layer, head) {
   return heads[0].map((row, q) => row.map((_, k) => heads.reduce((sum, h) => sum + h[q][k], 0) / heads.length));
 }
 
-// Indices of the k largest values, largest first (the earlier index first on ties).
+// Indices of the k largest values above 0, largest first (the earlier index first on ties). A weight of 0 is a
+// masked key (a future position in decoder self-attention): never among the strongest.
 function topIndices(values, k) {
   return values.map((value, index) => [value, index])
+    .filter(([value]) => value > 0)
     .sort((a, b) => b[0] - a[0] || a[1] - b[1])
-    .slice(0, Math.min(k, values.length))
+    .slice(0, k)
     .map(([, index]) => index);
 }
 
-function select(name, options, chosen) {
-  const node = element("select", { id: name, name });
-  for (const [value, label] of options) {
-    const option = element("option", { value: String(value) }, label);
-    if (String(value) === String(chosen)) option.selected = true;
-    node.append(option);
-  }
-  return node;
+// Replace the options of a <select> in place (so it keeps the focus), choosing `value`.
+function setOptions(node, options, value) {
+  node.replaceChildren(...options.map(([key, label]) => element("option", { value: String(key) }, label)));
+  node.value = String(value);
 }
 
-// Draw the explorer for one sentence pair into container; returns nothing, re-draws itself on every change.
-function renderExplorer(container, maps, state = { kind: "cross", layer: 0, head: "mean" }) {
+// A select with its label, kept together on one line however narrow the page.
+function control(name, node) {
+  const wrap = element("span", { class: "control" });
+  wrap.append(element("label", { for: name }, name), node);
+  return wrap;
+}
+
+// Draw the explorer for one sentence pair (item: source, target, maps) into container. The controls stay while
+// the map under them is redrawn, so a select keeps the keyboard focus.
+function renderExplorer(container, item) {
+  const maps = item.maps;
   container.replaceChildren();
-  const layers = maps[state.kind].length;
-  const heads = maps[state.kind][0].length;
-  state.layer = Math.min(state.layer, layers - 1);
-  if (state.head !== "mean" && Number(state.head) >= heads) state.head = "mean";
-
+  const title = element("h2", { id: "map-title" });
+  title.append(element("span", { class: "source" }, item.source), targetNode(item.target));
+  const kind = element("select", { id: "kind", name: "kind" });
+  setOptions(kind, Object.entries(KINDS).map(([key, { label }]) => [key, label]), chosen.kind);
+  const layer = element("select", { id: "layer", name: "layer" });
+  const head = element("select", { id: "head", name: "head" });
   const controls = element("div", { id: "controls" });
-  const kind = select("kind", Object.entries(KINDS).map(([key, { label }]) => [key, label]), state.kind);
-  const layer = select("layer", [...Array(layers).keys()].map((i) => [i, `layer ${i}`]), state.layer);
-  const head = select("head", [["mean", "mean of heads"], ...[...Array(heads).keys()].map((i) => [i, `head ${i}`])],
-    state.head);
-  const redraw = () => renderExplorer(container, maps,
-    { kind: kind.value, layer: Number(layer.value), head: head.value });
-  for (const node of [kind, layer, head]) node.addEventListener("change", redraw);
-  controls.append(element("label", {}, "kind "), kind, element("label", {}, "layer "), layer,
-    element("label", {}, "head "), head);
-  container.append(controls);
+  controls.append(control("kind", kind), control("layer", layer), control("head", head));
+  const view = element("div", { class: "view" });
+  container.append(title, controls, view);
+  for (const warning of maps.warnings || []) container.append(element("p", { class: "warning" }, warning));
 
-  const { rows, cols } = KINDS[state.kind];
-  const weights = headWeights(maps, state.kind, state.layer, state.head);
-  let largest = 1e-9;
+  // The layers and heads of the chosen kind, keeping the user's choice where this kind has it.
+  const fill = () => {
+    const layers = maps[kind.value].length;
+    const heads = maps[kind.value][0].length;
+    setOptions(layer, [...Array(layers).keys()].map((i) => [i, `layer ${i}`]),
+      chosen.layer < layers ? chosen.layer : layers - 1);
+    setOptions(head, [["mean", `mean of ${heads} heads`], ...[...Array(heads).keys()].map((i) => [i, `head ${i}`])],
+      chosen.head === "mean" || Number(chosen.head) < heads ? chosen.head : "mean");
+  };
+  const draw = () => drawMap(view, maps, kind.value, Number(layer.value), head.value);
+  kind.addEventListener("change", () => { chosen.kind = kind.value; fill(); draw(); });
+  layer.addEventListener("change", () => { chosen.layer = Number(layer.value); draw(); });
+  head.addEventListener("change", () => { chosen.head = head.value; draw(); });
+  fill();
+  draw();
+}
+
+// One heat map, its colour bar and its legend, into view.
+function drawMap(view, maps, kindName, layer, head) {
+  const kind = KINDS[kindName];
+  const rows = maps[kind.rows];
+  const cols = maps[kind.cols];
+  const weights = headWeights(maps, kindName, layer, head);
+  let largest = 0;
   for (const row of weights) for (const weight of row) largest = Math.max(largest, weight);
-  const table = element("table", { class: "heatmap", "data-kind": state.kind });
+  const heads = maps[kindName][layer].length;
+  const what = head === "mean" ? `mean of ${heads} heads` : `head ${head}`;
+
+  const describe = `${kind.label}, layer ${layer}, ${what}: rows are ${kind.rowAxis}, columns ${kind.colAxis}`;
+  const table = element("table", { class: "heatmap", "data-kind": kindName, "data-max": largest });
+  table.append(element("caption", {}, describe));
   const headRow = element("tr");
-  headRow.append(element("th"));
-  maps[cols].forEach((piece, k) => headRow.append(element("th", { "data-col": k }, piece)));
+  // The corner names the axes (the caption says the same to a screen reader).
+  const corner = element("td", { class: "corner", "aria-hidden": "true" });
+  corner.append(element("span", {}, `keys: ${kind.cols.split("_")[0]} →`),
+    element("span", {}, `queries: ${kind.rows.split("_")[0]} ↓`));
+  headRow.append(corner);
+  const colHeads = cols.map((piece, k) => {
+    const th = element("th", { scope: "col", "data-col": k });
+    th.append(element("span", {}, piece));
+    return th;
+  });
+  headRow.append(...colHeads);
   table.append(element("thead"));
   table.tHead.append(headRow);
   const body = element("tbody");
-  weights.forEach((row, q) => {
+  const rowHeads = [];
+  const cells = weights.map((row, q) => {
     const tr = element("tr");
-    tr.append(element("th", { "data-row": q }, maps[rows][q]));
-    row.forEach((weight, k) => {
+    rowHeads.push(element("th", { scope: "row", "data-row": q }, rows[q]));
+    tr.append(rowHeads[q]);
+    const line = row.map((weight, k) => {
       const cell = element("td", { "data-row": q, "data-col": k, "data-weight": weight,
-        title: `${maps[rows][q]} → ${maps[cols][k]}: ${weight.toFixed(3)}` });
-      cell.style.background = `rgba(25, 80, 200, ${(weight / largest).toFixed(3)})`;
-      tr.append(cell);
+        title: `${rows[q]} → ${cols[k]}: ${weight.toFixed(3)}` });
+      cell.style.background = `rgba(${COLOUR}, ${largest > 0 ? (weight / largest).toFixed(3) : 0})`;
+      return cell;
     });
+    tr.append(...line);
     body.append(tr);
+    return line;
   });
   table.append(body);
 
-  const clear = () => table.querySelectorAll(".hovered, .linked, .strongest")
-    .forEach((node) => node.classList.remove("hovered", "linked", "strongest"));
-  // A query piece: the keys it attends to most. A key piece: the queries that attend to it most.
-  table.querySelectorAll("tbody th").forEach((th) => {
-    const q = Number(th.dataset.row);
-    th.addEventListener("mouseenter", () => {
-      th.classList.add("hovered");
-      for (const k of topIndices(weights[q], TOP_K)) {
-        table.querySelector(`td[data-row="${q}"][data-col="${k}"]`).classList.add("strongest");
-        table.querySelector(`thead th[data-col="${k}"]`).classList.add("linked");
-      }
-    });
-    th.addEventListener("mouseleave", clear);
+  const readout = element("p", { class: "readout", "aria-live": "polite" }, "\u00a0");
+  const clear = () => {
+    table.querySelectorAll(".hovered, .linked, .strongest")
+      .forEach((node) => node.classList.remove("hovered", "linked", "strongest"));
+    readout.textContent = "\u00a0";
+  };
+  const strongest = (pairs) => pairs.map(([q, k, piece]) => {
+    cells[q][k].classList.add("strongest");
+    return `${piece} ${weights[q][k].toFixed(3)}`;
+  }).join(", ") || "nothing (all weights are 0)";
+  // A query piece: the keys it attends to most. A key piece: the queries that attend to it most. A cell: its weight.
+  const mark = (target) => {
+    clear();
+    target.classList.add("hovered");
+    if (target.dataset.row !== undefined && target.dataset.col !== undefined) {
+      const q = Number(target.dataset.row);
+      const k = Number(target.dataset.col);
+      rowHeads[q].classList.add("linked");
+      colHeads[k].classList.add("linked");
+      readout.textContent = `${rows[q]} → ${cols[k]}: ${weights[q][k].toFixed(3)}`;
+    } else if (target.dataset.row !== undefined) {
+      const q = Number(target.dataset.row);
+      const top = topIndices(weights[q], TOP_K);
+      top.forEach((k) => colHeads[k].classList.add("linked"));
+      readout.textContent = `${rows[q]} attends most to: ${strongest(top.map((k) => [q, k, cols[k]]))}`;
+    } else {
+      const k = Number(target.dataset.col);
+      const top = topIndices(weights.map((row) => row[k]), TOP_K);
+      top.forEach((q) => rowHeads[q].classList.add("linked"));
+      readout.textContent = `${cols[k]} is attended to most by: ${strongest(top.map((q) => [q, k, rows[q]]))}`;
+    }
+  };
+  // One listener per event for the whole table (a map may hold 128 x 128 cells). A tap (a click) does what hover
+  // does, and its marks stay when the pointer leaves the map (a touch screen has no hover to keep them).
+  const markable = (event) => event.target.closest("td[data-col], th[data-row], th[data-col]");
+  let pinned = null;
+  table.addEventListener("mouseover", (event) => {
+    const target = markable(event);
+    if (target) mark(target);
   });
-  table.querySelectorAll("thead th[data-col]").forEach((th) => {
-    const k = Number(th.dataset.col);
-    th.addEventListener("mouseenter", () => {
-      th.classList.add("hovered");
-      for (const q of topIndices(weights.map((row) => row[k]), TOP_K)) {
-        table.querySelector(`td[data-row="${q}"][data-col="${k}"]`).classList.add("strongest");
-        table.querySelector(`tbody th[data-row="${q}"]`).classList.add("linked");
-      }
-    });
-    th.addEventListener("mouseleave", clear);
+  table.addEventListener("click", (event) => {
+    pinned = markable(event) || pinned;
+    if (pinned) mark(pinned);
   });
+  table.addEventListener("mouseleave", () => (pinned ? mark(pinned) : clear()));
+
   const wrap = element("div", { class: "heatmap-wrap" });
   wrap.append(table);
-  container.append(wrap);
-  const what = state.head === "mean" ? `mean of ${heads} heads` : `head ${state.head}`;
-  container.append(element("p", { class: "legend" }, `${KINDS[state.kind].label}, layer ${state.layer}, ${what}: ` +
-    `rows are queries, columns keys; darker is more weight. Hover a piece to mark the ${TOP_K} weights it gives ` +
-    "(a row) or receives (a column) most."));
-  for (const warning of maps.warnings || []) container.append(element("p", { class: "warning" }, warning));
+  const max = largest.toFixed(3);
+  const scale = element("div", { class: "scale", "data-max": largest });
+  scale.append(element("span", {}, "0"), element("span", { class: "bar", "aria-hidden": "true" }),
+    element("span", { class: "max" }, max),
+    element("span", { class: "scale-note" }, `weight; darkest = ${max}, the largest in this map (each map is ` +
+      "scaled to its own largest weight: compare colours within a map, numbers across maps)"));
+  const legend = element("p", { class: "legend" }, `Hover or tap a row piece to mark the ${TOP_K} keys it ` +
+    `attends to most, a column piece for the ${TOP_K} queries that attend to it most, a cell for its weight ` +
+    "(weights of 0, such as future positions in decoder self-attention, are never marked). A click or tap keeps " +
+    "its marks.");
+  const caption = element("p", { class: "map-caption", "aria-hidden": "true" }, describe); // the caption, shown
+  view.replaceChildren(scale, caption, wrap, readout, legend);
 }
 
-// A list of translations; clicking one shows its attention through show(item).
+// A list of translations. With show, each is a button that shows its attention through show(item); without
+// (a server that has no attention maps), plain text.
 function renderResults(list, items, show) {
   list.replaceChildren();
   items.forEach((item, i) => {
     const li = element("li", { "data-index": i });
-    li.append(element("span", { class: "source" }, item.source));
-    li.append(element("span", { class: "target" }, item.target));
-    if (item.score !== undefined) li.append(element("span", { class: "score" }, `score ${item.score.toFixed(3)}`));
-    li.addEventListener("click", () => {
-      list.querySelectorAll("li.selected").forEach((node) => node.classList.remove("selected"));
-      li.classList.add("selected");
-      show(item);
-    });
+    const content = element(show ? "button" : "div", show ? { type: "button", class: "item" } : { class: "item" });
+    content.append(element("span", { class: "source" }, item.source), targetNode(item.target));
+    if (item.score !== undefined) content.append(element("span", { class: "score" }, `score ${item.score.toFixed(3)}`));
+    if (show) {
+      content.addEventListener("click", () => {
+        list.querySelectorAll("[aria-current]").forEach((node) => node.removeAttribute("aria-current"));
+        content.setAttribute("aria-current", "true");
+        show(item);
+      });
+    }
+    li.append(content);
     list.append(li);
   });
 }
 
-async function postJSON(path, payload) {
-  const response = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" },
-    body: JSON.stringify(payload) });
+// A request's failure, in the page's words.
+class RequestFailure extends Error {
+  constructor(message, status = 0, field = null) {
+    super(message);
+    this.status = status;
+    this.field = field;
+  }
+}
+
+// fetch with a timeout: answers (response, its JSON body) or throws a RequestFailure saying what went wrong.
+async function request(path, options = {}) {
+  const controller = new AbortController();
+  const timer = setTimeout(() => controller.abort(), REQUEST_TIMEOUT_S * 1000);
+  let response;
+  let text;
+  try {
+    response = await fetch(path, { ...options, signal: controller.signal });
+    text = await response.text();
+  } catch {
+    if (controller.signal.aborted) {
+      throw new RequestFailure(`The server did not answer within ${REQUEST_TIMEOUT_S} s. Try again, perhaps with ` +
+        "fewer or shorter lines.");
+    }
+    throw new RequestFailure("The server cannot be reached: check that transformer-serve is still running, " +
+      "then try again.");
+  } finally {
+    clearTimeout(timer);
+  }
   let body;
   try {
-    body = await response.json();
+    body = JSON.parse(text);
   } catch {
-    throw new Error(`${response.status} ${response.statusText}`);
+    throw new RequestFailure(`The server answered ${response.status} ${response.statusText}.`, response.status);
   }
-  if (!response.ok) throw new Error(body.error || response.statusText);
+  if (!response.ok) {
+    if (response.status === 503 && body.field === "attention") {
+      throw new RequestFailure("Attention maps are not available from this server.", 503, "attention");
+    }
+    throw new RequestFailure(body.error || `The server answered ${response.status} ${response.statusText}.`,
+      response.status, body.field);
+  }
   return body;
+}
+
+function postJSON(path, payload) {
+  return request(path, { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(payload) });
+}
+
+// The server names a request's sentences text[0], text[1], ...: the user knows them by their line number.
+function byLine(message, lines) {
+  const span = lines.length === 1 ? `line ${lines[0].line}` : `lines ${lines[0].line}–${lines.at(-1).line}`;
+  return message.replace(/\btext\[(\d+)\]/g, (whole, i) => (lines[Number(i)] ? `line ${lines[Number(i)].line}` : whole))
+    .replace(/^text:/, `${span}:`);
+}
+
+// GET /info, shown in the header: resolves to its answer, or to null (with a message) when it failed.
+function loadInfo() {
+  const line = document.getElementById("info");
+  return request("/info").then((info) => {
+    const sha = String(info.checkpoint_sha256 || "").slice(0, 12);
+    line.textContent = `${info.source_language} → ${info.target_language} · ${info.backend} · ${sha}`;
+    if (info.attention === false) {
+      const notice = document.getElementById("notice");
+      notice.textContent = "Attention maps are not available from this server: it translates, but cannot show " +
+        "what the model attends to.";
+      notice.hidden = false;
+    }
+    return info;
+  }).catch((error) => {
+    line.textContent = `The server's details (GET /info) could not be read: ${error.message}`;
+    line.classList.add("error");
+    return null;
+  });
 }
 
 function startLive() {
   const input = document.getElementById("input");
+  const button = document.getElementById("translate");
   const status = document.getElementById("status");
+  const warnings = document.getElementById("warnings");
   const results = document.getElementById("results");
   const explorer = document.getElementById("explorer");
-  let latest = 0; // the answer to the latest click wins, whatever order the answers come in
+  const body = document.getElementById("explorer-body");
+  const info = loadInfo();
+  const say = (text, kind = "") => {
+    status.textContent = text;
+    status.className = kind;
+  };
+  const clearMap = () => {
+    explorer.hidden = true;
+    explorer.classList.remove("stale");
+    body.replaceChildren();
+  };
+  // Bumped by each translation and each click on a sentence: an answer to an earlier one is dropped, so the map
+  // shown is always the one of the sentence selected.
+  let latest = 0;
+
   const showAttention = async (item) => {
     const asked = ++latest;
-    status.textContent = "computing attention…";
-    status.className = "";
+    explorer.classList.add("stale"); // the map shown, if any, is another sentence's until the answer comes
+    say(`computing the attention of line ${item.line}…`);
     try {
       const maps = await postJSON("/attention", { source: item.source, target: item.target });
       if (asked !== latest) return;
+      explorer.classList.remove("stale");
       explorer.hidden = false;
-      renderExplorer(document.getElementById("explorer-body"), maps);
-      status.textContent = "";
+      renderExplorer(body, { ...item, maps });
+      say("");
     } catch (error) {
-      status.textContent = error.message;
-      status.className = "error";
+      if (asked !== latest) return;
+      clearMap();
+      say(`Line ${item.line}: ${error.message}`, "error");
     }
   };
-  document.getElementById("translate").addEventListener("click", async () => {
-    const lines = input.value.split("\n").map((line) => line.trim()).filter((line) => line);
-    if (!lines.length) return;
-    status.textContent = "translating…";
-    status.className = "";
-    try {
-      const body = await postJSON("/translate", { text: lines });
-      const items = lines.map((source, i) => ({ source, target: body.translations[i][0].text,
-        score: body.translations[i][0].score }));
-      renderResults(results, items, showAttention);
-      status.textContent = (body.warnings || []).join(" ");
-      status.className = body.warnings && body.warnings.length ? "warning" : "";
-    } catch (error) {
-      status.textContent = error.message;
-      status.className = "error";
+
+  // Send lines in requests of at most limit sentences; one refused for its tokens (413 on "text") is split in two.
+  const translateLines = async (lines, limit, total) => {
+    const answers = [];
+    for (let start = 0; start < lines.length; start += limit) {
+      const part = lines.slice(start, start + limit);
+      if (total > part.length) say(`translating lines ${part[0].line}–${part.at(-1).line}…`);
+      try {
+        const answer = await postJSON("/translate", { text: part.map(({ text }) => text) });
+        answers.push(...part.map((line, i) => ({ ...line, answer: answer.translations[i][0] })));
+        for (const warning of answer.warnings || []) warnings.append(element("li", {}, byLine(warning, part)));
+      } catch (error) {
+        if (error.status === 413 && error.field === "text" && part.length > 1) {
+          answers.push(...await translateLines(part, Math.ceil(part.length / 2), total));
+        } else {
+          throw new RequestFailure(byLine(error.message, part), error.status, error.field);
+        }
+      }
     }
-  });
-  fetch("/info").then((r) => r.json()).then((info) => {
-    document.getElementById("info").textContent =
-      `${info.source_language} → ${info.target_language} · ${info.backend} · ${info.checkpoint_sha256.slice(0, 12)}`;
+    return answers;
+  };
+
+  let busy = false;
+  const translate = async () => {
+    if (busy) return;
+    ++latest;
+    clearMap();
+    results.replaceChildren();
+    warnings.replaceChildren();
+    const lines = input.value.split("\n").map((text, i) => ({ text: text.trim(), line: i + 1 }))
+      .filter(({ text }) => text);
+    if (!lines.length) {
+      say("Type a sentence first (one per line).", "error");
+      input.focus();
+      return;
+    }
+    busy = true;
+    button.disabled = true;
+    say("translating…");
+    try {
+      const known = await info;
+      const limit = (known && known.limits && known.limits.max_sentences) || DEFAULT_MAX_SENTENCES;
+      const attention = !known || known.attention !== false;
+      const answers = await translateLines(lines, limit, lines.length);
+      const items = answers.map(({ text, line, answer }) => ({ source: text, line, target: answer.text,
+        score: answer.score }));
+      renderResults(results, items, attention ? showAttention : null);
+      say(`${items.length} translated` + (attention ? ": choose one to see its attention." : "."));
+    } catch (error) {
+      say(error.message, "error");
+    } finally {
+      busy = false;
+      button.disabled = false;
+    }
+  };
+  button.addEventListener("click", translate);
+  input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      translate();
+    }
   });
 }
 
 function startEmbedded(data) {
   const explorer = document.getElementById("explorer");
-  renderResults(document.getElementById("results"), data, (item) => {
+  const items = data.map((entry, i) => ({ ...entry, line: i + 1 }));
+  renderResults(document.getElementById("results"), items, (item) => {
     explorer.hidden = false;
-    renderExplorer(document.getElementById("explorer-body"), item.maps);
+    renderExplorer(document.getElementById("explorer-body"), item);
   });
+  document.getElementById("status").textContent = "Choose a sentence to see its attention.";
 }
 
 document.addEventListener("DOMContentLoaded", () => {

@@ -25,6 +25,10 @@ def main() -> None:
     args = parser.parse_args()
     with open(f"{args.export_dir}/export.json", encoding="utf-8") as handle:
         info = json.load(handle)
+    kinds = {info[f"{side}_tokenizer"]["kind"] for side in ("source", "target")}
+    if kinds != {"sentencepiece"}:
+        sys.exit(f"{args.export_dir}: its tokenizers are {' and '.join(sorted(kinds))}; this script reads SentencePiece "
+                 f"exports only: translate this one with transformer-translate export_dir={args.export_dir}")
     source = spm.SentencePieceProcessor(model_file=f"{args.export_dir}/{info['source_tokenizer']['path']}")
     target = spm.SentencePieceProcessor(model_file=f"{args.export_dir}/{info['target_tokenizer']['path']}")
     max_len_a, max_len_b = info["decoding"]["max_len_a"], info["decoding"]["max_len_b"]

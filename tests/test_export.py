@@ -194,6 +194,15 @@ def test_the_command_exports_what_plain_ctranslate2_translates_as_transformer_tr
     ours = command("-m", "transformer", "translate", "run_dir=run", "eval=greedy", input=source).stdout
     plain = command(str(REPO / "scripts" / "translate_with_ctranslate2.py"), "exported", input=source).stdout
     assert plain == ours and len(ours.splitlines()) == 41
+    record = json.loads((tmp_path / "exported" / EXPORT_FILE).read_text())
+    record["source_tokenizer"]["kind"] = record["target_tokenizer"]["kind"] = "word"  # a GloVe model's export
+    (tmp_path / "word_level").mkdir()
+    (tmp_path / "word_level" / EXPORT_FILE).write_text(json.dumps(record))
+    refused = subprocess.run([sys.executable, str(REPO / "scripts" / "translate_with_ctranslate2.py"), "word_level"],
+                             cwd=tmp_path, capture_output=True, text=True, input="a b\n", timeout=60)
+    assert (refused.returncode, refused.stderr) == (1, "word_level: its tokenizers are word; this script reads "
+                                                       "SentencePiece exports only: translate this one with "
+                                                       "transformer-translate export_dir=word_level\n")
     via_export = command("-m", "transformer", "translate", "export_dir=exported", "eval=greedy", input=source).stdout
     assert via_export == ours
     decoding = json.loads((tmp_path / "exported" / EXPORT_FILE).read_text())["decoding"]

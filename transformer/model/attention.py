@@ -291,14 +291,15 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)
 
-    def project_key_value(self, key: Tensor, value: Tensor | None = None) -> KVCache:
+    def project_key_value(self, key: Tensor, value: Tensor | None = None, *, static: bool = True) -> KVCache:
         """Project keys/values once, e.g. the encoder memory for cross-attention (``static=True``).
 
         Args:
             key: (batch, k_len, d_model); value defaults to ``key``.
+            static: mark the cache static (reused as is at every step), else a self-attention cache's new part.
 
         Returns:
-            A static :class:`KVCache` with (batch, heads, k_len, d_head) tensors.
+            A :class:`KVCache` with (batch, heads, k_len, d_head) tensors.
         """
         inner = self.n_heads * self.d_head
         if value is None or value is key:
@@ -306,7 +307,7 @@ class MultiHeadAttention(nn.Module):
         else:
             k = self._project(key, slice(inner, 2 * inner))
             v = self._project(value, slice(2 * inner, 3 * inner))
-        return KVCache(self._split_heads(k), self._split_heads(v), static=True)
+        return KVCache(self._split_heads(k), self._split_heads(v), static=static)
 
     def forward(self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None = None,
                 need_weights: bool = False, cache: KVCache | SlotCache | None = None,
@@ -338,8 +339,7 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._project(query, slice(0, 3 * inner)).chunk(3, dim=-1)  # 3 x (batch, len, inner)
             kv = KVCache(self._split_heads(k), self._split_heads(v))
         else:
-            q, kv = self._project(query, slice(0, inner)), self.project_key_value(key, value)
-            kv.static = False
+            q, kv = self._project(query, slice(0, inner)), self.project_key_value(key, value, static=False)
         q = self._split_heads(q)  # (batch, heads, q_len, d_head)
         offset: int | Tensor = 0  # the position of the first query: new positions follow the cached ones
         if isinstance(cache, SlotCache):

@@ -105,15 +105,15 @@ class Embeddings(nn.Module):
             )
         x = self.token(tokens)  # (batch, seq_len, d_model)
         if self.learned is not None:
-            x = x + self.learned(positions(offset, seq_len, tokens.device))  # (seq_len, d_model) broadcast over batch
+            x = x + self.learned(position_ids(offset, seq_len, tokens.device))  # (seq_len, d_model), broadcast
         elif self.sinusoid is not None and isinstance(offset, int):
             x = x + self.sinusoid[offset : offset + seq_len].to(x.dtype)
         elif self.sinusoid is not None:
-            x = x + self.sinusoid.index_select(0, positions(offset, seq_len, tokens.device)).to(x.dtype)
+            x = x + self.sinusoid.index_select(0, position_ids(offset, seq_len, tokens.device)).to(x.dtype)
         return self.dropout(x)
 
 
-def positions(offset: int | Tensor, length: int, device: torch.device) -> Tensor:
+def position_ids(offset: int | Tensor, length: int, device: torch.device) -> Tensor:
     """The positions ``offset … offset + length - 1`` as a (length,) long tensor (``offset`` may be a one-element
     tensor, so no value is read back from the device)."""
     if isinstance(offset, int):
@@ -151,7 +151,7 @@ class RotaryPositions(nn.Module):
         if isinstance(offset, int):
             cos, sin = self.cos_sin[:, offset : offset + seq_len].to(x.dtype)  # 2 x (seq_len, half)
         else:
-            cos, sin = self.cos_sin.index_select(1, positions(offset, seq_len, x.device)).to(x.dtype)
+            cos, sin = self.cos_sin.index_select(1, position_ids(offset, seq_len, x.device)).to(x.dtype)
         first, second = x.chunk(2, dim=-1)  # the two coordinates of every pair: (batch, heads, seq_len, half)
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
@@ -179,7 +179,7 @@ class RelativePositions(nn.Module):
             (batch, heads, q_len, k_len): ``q_i · r_{clip(j - i)}``, unscaled.
         """
         batch, heads, q_len, _ = query.shape
-        q_pos = positions(offset, q_len, query.device)
+        q_pos = position_ids(offset, q_len, query.device)
         k_pos = torch.arange(k_len, device=query.device)
         distance = (k_pos[None, :] - q_pos[:, None]).clamp(-self.max_distance, self.max_distance)  # (q_len, k_len)
         per_distance = query @ self.table.to(query.dtype).t()  # (batch, heads, q_len, 2·max_distance + 1)

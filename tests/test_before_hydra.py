@@ -50,7 +50,7 @@ QUIET = ["hydra/job_logging=stderr", "hydra.job_logging.root.level=ERROR", "hydr
     ("3", ["++hydra.run.dir=run"], [
         *QUIET, "hydra.job_logging.formatters.simple.format='[rank 3][%(levelname)s] %(name)s: %(message)s'"]),
 ])
-def test_a_helper_rank_under_torchrun_leaves_the_folder_and_the_log_to_rank_0(monkeypatch, rank, argv, extra):
+def test_a_rank_above_0_under_torchrun_leaves_the_folder_and_the_log_to_rank_0(monkeypatch, rank, argv, extra):
     if rank is None:
         monkeypatch.delenv("RANK", raising=False)
     else:

@@ -119,4 +119,8 @@ def test_diversify_takes_checkpoint_files_and_names_a_missing_model_by_key(compo
     with pytest.raises(ConfigError, match=r"^forward: no checkpoint in .*empty"):
         (tmp_path / "empty").mkdir()
         run(f"forward=[{tmp_path / 'empty'}]")
+    torn = tmp_path / "torn.pt"
+    torn.write_bytes(final.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=r"^forward: .*torn\.pt: not a readable checkpoint \(truncated"):
+        run(f"forward=[{torn}]")  # by its key, and no other command's key suggested
     assert run(f"forward=[{final}]")["forward"] == [str(final)]

@@ -13,8 +13,8 @@ from transformer.overrides import merge_overrides, override_value
 
 @pytest.mark.parametrize("value, text", [
     ("en", "en"), ("/runs/a-1.2/seed_3", "/runs/a-1.2/seed_3"), (Path("/runs/b"), "/runs/b"),
-    ("/tmp/runs (v2)/corpus", "'/tmp/runs (v2)/corpus'"), ("a,b", "'a,b'"),  # a comma would make a sweep
-    ("null", "'null'"), ("1e-3", "'1e-3'"), ("123", "'123'"), ("true", "'true'"),  # strings, not other types
+    ("/runs (v2)/corpus", "'/runs (v2)/corpus'"), ("a,b", "'a,b'"),  # a comma would make a sweep
+    ("null", "'null'"), ("1e-3", "'1e-3'"), ("123", "'123'"), ("1e1_0", "'1e1_0'"), ("true", "'true'"),  # strings, not other types
     ("it's", "'it\\'s'"), ("C:\\new", "'C:\\new'"), ("end\\", "'end\\\\'"),  # one backslash kept, one doubled
     (None, "null"), (False, "false"), (3, "3"), (0.5, "0.5"), (["/x y", "z"], "['/x y',z]"),
 ])
@@ -27,7 +27,8 @@ def test_override_value_writes_what_the_parser_reads_back(value, text) -> None:
 def test_every_short_string_of_awkward_characters_reads_back_as_itself() -> None:
     parser = OverridesParser.create()
     for length in range(1, 5):
-        for characters in itertools.product(["a", "\\", "'", '"', " ", ",", "=", "[", "é"], repeat=length):
+        for characters in itertools.product(["a", "\\", "'", '"', " ", ",", "=", "[", "é", "1", "e", "_"],
+                                            repeat=length):
             value = "".join(characters)
             assert parser.parse_override(f"key={override_value(value)}").value() == value, value
 

@@ -633,6 +633,12 @@ def test_the_explorer_works_by_keyboard_alone(served, run_dir, browser):
     page.keyboard.press("Meta+Enter")
     page.wait_for_selector("#results li")
     assert page.locator("#explorer").is_hidden() and page.locator("table.heatmap").count() == 0
+    shown = page.locator("#results li").count()
+    page.fill("#input", " \n")  # nothing to translate: the translations shown stay
+    page.click("#translate")
+    _expect(page.locator("#status")).to_have_text("Type a sentence first (one per line).")
+    assert shown > 0 and page.locator("#results li").count() == shown
+    page.fill("#input", "\n".join(lines))
     page.close()
 
 

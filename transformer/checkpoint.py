@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from transformer.overrides import override_value
+
 CHECKPOINT_VERSION = 1
 TRAINER_KEYS = frozenset({
     "version", "model", "optimizer", "step", "epoch", "sampler", "rng", "best_bleu", "best_step",
@@ -217,7 +219,7 @@ def _way_back(earlier: Path | None, retry_key: str | None, otherwise: str) -> st
     """The end of a damaged checkpoint's error: the run's earlier checkpoint to use instead, if it has one."""
     if earlier is None:
         return otherwise
-    return f"; {earlier} is an earlier checkpoint of the same run" + (f" ({retry_key}={earlier})" if retry_key else "")
+    return f"; {earlier} is an earlier checkpoint of the same run" + (f" ({retry_key}={override_value(earlier)})" if retry_key else "")
 
 
 def _load_failure(path: Path, exc: Exception) -> str:

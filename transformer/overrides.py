@@ -13,7 +13,7 @@ from typing import Any
 
 _PLAIN = re.compile(r"[\w./+-]+", re.ASCII)  # what the grammar reads back as the same string, unquoted
 _BEFORE_A_QUOTE_OR_THE_END = re.compile(r"(\\*)('|$)")  # a quoted value's other backslashes are read as they are
-_NOT_A_STRING = re.compile(r"null|true|false|[+-]?(inf|nan)|[+-]?[\d_]*\.?[\d_]*(e[+-]?\d+)?", re.IGNORECASE)
+_NOT_A_STRING = re.compile(r"null|true|false|[+-]?(inf|nan)|[+-]?[\d_]*\.?[\d_]*(e[+-]?[\d_]+)?", re.IGNORECASE)
 
 
 def override_value(value: Any) -> str:

@@ -1,6 +1,6 @@
 """What a command checks and arranges from its command line before Hydra composes the config and writes the run
 folder: a key the command's schema lacks or a value of the wrong type, a ``hydra.run.dir`` (or sweep folder) that
-cannot be made or holds another run's work, the settings of a helper rank under torchrun, and a full disk under
+cannot be made or holds another run's work, the settings of a rank above 0 under torchrun, and a full disk under
 Hydra's ``.hydra/`` snapshot. Each refusal is one line and leaves every folder as it was."""
 
 from __future__ import annotations

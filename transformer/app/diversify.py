@@ -23,6 +23,7 @@ import torch
 
 from transformer import files
 from transformer.app.schemas import DiversifyConfig
+from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, to_plain_dict
 from transformer.data.corpus import DataError
 from transformer.data.splits import corpus_paths, load_split
@@ -82,8 +83,10 @@ def _load(key: str, models: list[str], device: torch.device) -> TrainedModel:
             raise ConfigError(f"{key}[{i}]: {model} does not exist (give run directories or checkpoint files)")
     first, others = Path(models[0]), models[1:]
     try:
-        return load_model(None, first, others, device) if first.is_file() else load_model(first, None, others, device)
-    except (ConfigError, FileNotFoundError) as error:  # no checkpoint in a run directory; tokenizers that differ
+        if first.is_file():
+            return load_model(None, first, others, device, retry_key=None)
+        return load_model(first, None, others, device, retry_key=None)
+    except (ConfigError, CheckpointError, FileNotFoundError) as error:  # no checkpoint; tokenizers that differ
         raise ConfigError(f"{key}: {error}") from None
 
 

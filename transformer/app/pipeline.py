@@ -29,6 +29,7 @@ from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSam
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_state
 from transformer.inference.translation import format_scores, score_texts
 from transformer.model.transformer import Transformer, build_model
+from transformer.overrides import override_value
 from transformer.runtime import (
     choose_device,
     configure_threads,
@@ -134,7 +135,7 @@ def _hold(run: ckpt.RunDir, key: str, dist: DistContext, held: ExitStack,
 def _refuse_a_started_run(run: ckpt.RunDir) -> None:
     if run.checkpoints.is_dir() and any(run.checkpoints.glob("*.pt")):
         raise ConfigError(f"output_dir: {run.root} already holds a run's checkpoints, which a new run would "
-                          f"overwrite; continue it with resume={run.root}, or train into another directory "
+                          f"overwrite; continue it with resume={override_value(run.root)}, or train into another directory "
                           "(output_dir=... or hydra.run.dir=...)")
 
 
@@ -181,7 +182,7 @@ def train(cfg: TrainConfig, recipe: list[str] | None = None) -> dict[str, Any]:
                     if not any(run.checkpoints.glob("*.pt")):
                         raise
                     raise files.DiskFullError(error.errno, str(error).replace(
-                        "run the command again", f"continue the run with resume={run.root}")) from None
+                        "run the command again", f"continue the run with resume={override_value(run.root)}")) from None
             dist.barrier()  # the other ranks wait for rank 0's test evaluation before leaving the group
             return metrics
     finally:

@@ -295,7 +295,7 @@ def command_line(description: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("out_dir", nargs="?", help="the recipe's folder: its runs, corpus and scores")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
     parser.add_argument("--seeds", type=_seeds, default=default.seeds, help="the runs' seeds (diversified: the "
-                        "forward teachers'), comma-separated (default %(default)s)")
+                        "forward teachers'), comma-separated (default " + ",".join(map(str, default.seeds)) + ")")
     parser.add_argument("--parallel", type=int, help="runs at once: more only on a GPU (default 1; best_gpu: 3); "
                         "above 1, diversified and best_gpu run twice as many (both directions' teachers together)")
     parser.add_argument("--train-only", action="store_true", help="train or keep the runs, score nothing")

@@ -83,10 +83,11 @@ def check_same_vocabularies(members: Sequence[TrainedModel], what: str, key: str
                 "language pair and tokenizers (train them with the same data settings)")
 
 
-def load_ensemble(paths: Sequence[str | Path], device: torch.device) -> TrainedModel:
+def load_ensemble(paths: Sequence[str | Path], device: torch.device,
+                  retry_key: str | None = "checkpoint") -> TrainedModel:
     """The models of several checkpoint files as one :class:`~transformer.inference.ensemble.Ensemble`; they must share the
     first one's language pair and tokenizers (raises ``ConfigError`` naming the one that does not)."""
-    members = [load_trained(path, device, retry_key=None) for path in paths]
+    members = [load_trained(path, device, retry_key=retry_key if i == 0 else None) for i, path in enumerate(paths)]
     check_same_vocabularies(members, "an ensemble's models", key="ensemble")
     first = members[0]
     return TrainedModel(Ensemble([member.model for member in members]).eval(), first.src_tok, first.tgt_tok,
@@ -94,12 +95,13 @@ def load_ensemble(paths: Sequence[str | Path], device: torch.device) -> TrainedM
 
 
 def load_model(run_dir: str | Path | None, checkpoint: str | Path | None, ensemble: Sequence[str | Path],
-               device: torch.device) -> TrainedModel:
+               device: torch.device, retry_key: str | None = "checkpoint") -> TrainedModel:
     """The model a run directory or checkpoint file names (give one); with ``ensemble`` (more run directories or
-    checkpoint files), the ensemble of it and those."""
+    checkpoint files), the ensemble of it and those. A damaged first checkpoint's error suggests the run's earlier
+    one as ``retry_key=...`` (None: names it only)."""
     path = Path(checkpoint) if checkpoint is not None else find_checkpoint(run_dir)
     if not ensemble:
-        return load_trained(path, device)
+        return load_trained(path, device, retry_key)
     others = []
     for i, entry in enumerate(ensemble):
         other = Path(entry)
@@ -107,4 +109,4 @@ def load_model(run_dir: str | Path | None, checkpoint: str | Path | None, ensemb
             raise ConfigError(f"ensemble[{i}]: {other} does not exist (give run directories or checkpoint files)")
         others.append(find_checkpoint(other) if other.is_dir() else other)
     log.info("decoding with an ensemble of %d models: %s", 1 + len(others), ", ".join(map(str, [path, *others])))
-    return load_ensemble([path, *others], device)
+    return load_ensemble([path, *others], device, retry_key)

@@ -240,7 +240,7 @@ def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
                 raise ConfigError(f"resume: {run.root} is not a run's folder (no checkpoints/, train.log or .hydra/); "
                                   "give the folder of the run to continue, outputs/train/<run>")
             raise ConfigError(f"resume: {run.root} holds no checkpoint (a run stopped before its first save, or not a "
-                              f"run's folder): start the run anew, with its overrides and hydra.run.dir={run.root}")
+                              f"run's folder): start the run anew, with its overrides and hydra.run.dir={override_value(run.root)}")
         return run, run.last
     if target.parent.name != "checkpoints":
         raise ConfigError(f"resume: {target} is not a run directory nor a checkpoint in a run's checkpoints/ folder "

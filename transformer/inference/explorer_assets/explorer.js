@@ -9,6 +9,7 @@
 const TOP_K = 3; // hovering (or tapping) a piece marks this many strongest weights of its row (or column)
 const REQUEST_TIMEOUT_S = 60; // a request not answered by then is given up, with a message
 const DEFAULT_MAX_SENTENCES = 64; // the server's default per-request limit, used when GET /info did not answer
+const INFO_WAIT_MS = 2000; // how long a translation waits for /info's limits before using the defaults
 const COLOUR = "25, 80, 200"; // the heat map's colour (RGB); a cell's opacity is its weight / the map's largest
 
 const KINDS = {
@@ -369,22 +370,24 @@ function startLive() {
   let busy = false;
   const translate = async () => {
     if (busy) return;
-    ++latest;
-    clearMap();
-    results.replaceChildren();
-    warnings.replaceChildren();
     const lines = input.value.split("\n").map((text, i) => ({ text: text.trim(), line: i + 1 }))
       .filter(({ text }) => text);
-    if (!lines.length) {
+    if (!lines.length) { // the translations shown stay: they are still those of their sentences
       say("Type a sentence first (one per line).", "error");
       input.focus();
       return;
     }
+    ++latest;
+    clearMap();
+    results.replaceChildren();
+    warnings.replaceChildren();
     busy = true;
     button.disabled = true;
     say("translating…");
     try {
-      const known = await info;
+      // the server's limits, if /info has answered by now: a slow /info must not hold the translation up
+      const late = new Promise((resolve) => setTimeout(() => resolve(null), INFO_WAIT_MS));
+      const known = await Promise.race([info, late]);
       const limit = (known && known.limits && known.limits.max_sentences) || DEFAULT_MAX_SENTENCES;
       const attention = !known || known.attention !== false;
       const answers = await translateLines(lines, limit, lines.length);

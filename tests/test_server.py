@@ -91,7 +91,7 @@ def test_translate_answers_as_transformer_translate(served, run_dir):
     lines = sentences(run_dir)[:12] + ["  "]
     answer = httpx.post(f"{url}/translate", json={"text": lines}).json()
     _same(_pairs(answer), expected(run_dir, lines))
-    assert answer["warnings"] == [] and answer["translations"][-1] == [{"text": "", "score": 0.0}]
+    assert answer["warnings"] == [] and answer["translations"][-1] == [{"text": "", "score": 0.0, "pieces": []}]
     answer = httpx.post(f"{url}/translate", json={"text": lines[0], "beam_size": 4, "n_best": 3}).json()
     _same(_pairs(answer), expected(run_dir, lines[:1], beam_size=4, n_best=3))
     greedy = httpx.post(f"{url}/translate", json={"text": lines, "beam_size": 1}).json()
@@ -278,9 +278,14 @@ def test_attention_is_the_models_own_for_every_kind(served, run_dir):
 
     url, _ = served
     source = sentences(run_dir)[0]
-    own = httpx.post(f"{url}/translate", json={"text": source}).json()["translations"][0][0]["text"]
+    trained = load_model(str(run_dir), None, [], torch.device("cpu"))
+    own = httpx.post(f"{url}/translate", json={"text": source}).json()["translations"][0][0]
+    assert own["pieces"] and trained.tgt_tok.decode([trained.tgt_tok.pieces().index(p) for p in own["pieces"]]) \
+        == own["text"]
     answer = httpx.post(f"{url}/attention", json={"source": source}).json()  # on the model's own translation
-    maps = pair_attention_maps(load_model(str(run_dir), None, [], torch.device("cpu")), source, own, 63)
+    assert answer["target_pieces"] == [*own["pieces"], "</s>"]
+    assert httpx.post(f"{url}/attention", json={"source": source, "target_pieces": own["pieces"]}).json() == answer
+    maps = pair_attention_maps(trained, source, trained.tgt_tok.encode(own["text"]), 63)
     assert answer["source_pieces"] == maps.src_pieces and answer["target_pieces"] == maps.tgt_pieces
     assert answer["target_input_pieces"] == maps.tgt_input_pieces
     for key, weights in (("encoder", maps.encoder), ("decoder", maps.decoder_self), ("cross", maps.cross)):
@@ -293,13 +298,22 @@ def test_attention_is_the_models_own_for_every_kind(served, run_dir):
     assert cut["warnings"] == ["source: 140 tokens, cut to 63 for the maps (max_attention_tokens)",
                                "target: 130 tokens, cut to 63 for the maps (max_attention_tokens)"]
     assert len(cut["source_pieces"]) == 63 and np.asarray(cut["cross"]).shape == (2, 2, 64, 63)
-    trained = load_model(str(run_dir), None, [], torch.device("cpu"))  # 64 positions: the decoder reads BOS too
-    assert pair_attention_maps(trained, long_pair["source"], long_pair["target"], 1000).cross.shape == (2, 2, 64, 64)
+    long_target = trained.tgt_tok.encode(long_pair["target"])  # 64 positions: the decoder reads BOS too
+    assert pair_attention_maps(trained, long_pair["source"], long_target, 1000).cross.shape == (2, 2, 64, 64)
     refused = httpx.post(f"{url}/attention", json={"source": " ", "target": "a"})
     assert refused.status_code == 422 and refused.json()["field"] == "source"
     refused = httpx.post(f"{url}/attention", content=b'{"source": "a", "target": "\\udc00"}',
                          headers={"Content-Type": "application/json"})
     assert refused.status_code == 422 and refused.json()["field"] == "target"
+    for body, field, error in (
+            ({"target_pieces": ["a", "no such piece"]}, "target_pieces[1]",
+             "'no such piece' is not a piece of the model's target vocabulary"),
+            ({"target_pieces": ["a", "</s>"]}, "target_pieces[1]", "'</s>' is not a piece"),
+            ({"target_pieces": "a"}, "target_pieces", "must be a list of strings"),
+            ({"target": "a", "target_pieces": ["a"]}, "target_pieces", "give target or target_pieces, not both")):
+        refused = httpx.post(f"{url}/attention", json={"source": source, **body})
+        assert refused.status_code == 422 and refused.json()["field"] == field
+        assert refused.json()["error"].startswith(f"{field}: {error}")
 
 
 def test_a_source_that_sentencepiece_reads_as_no_token_is_refused_by_attention_and_translated_as_empty(
@@ -316,7 +330,8 @@ def test_a_source_that_sentencepiece_reads_as_no_token_is_refused_by_attention_a
         assert refused.json() == {"error": "source: has no token the model reads: there is nothing to attend to",
                                   "field": "source"}
         answer = httpx.post(f"{url}/translate", json={"text": ["\u200b", "a b"]})
-        assert answer.status_code == 200 and answer.json()["translations"][0] == [{"text": "", "score": 0.0}]
+        assert answer.status_code == 200
+        assert answer.json()["translations"][0] == [{"text": "", "score": 0.0, "pieces": []}]
 
 
 def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
@@ -570,9 +585,13 @@ def test_the_explorer_translates_and_shows_each_kind_layer_and_head_in_a_browser
     _translate(page, lines)
     translations = httpx.post(f"{url}/translate", json={"text": lines}).json()["translations"]
     assert page.locator("#results li .target").all_inner_texts() == [nbest[0]["text"] for nbest in translations]
+    asked = _requests(page, "/attention")
     page.locator("#results li").nth(1).click()
     page.wait_for_selector("table.heatmap")
-    maps = httpx.post(f"{url}/attention", json={"source": lines[1], "target": translations[1][0]["text"]}).json()
+    # the maps of the pieces the model generated, not of its text encoded again
+    chosen = {"source": lines[1], "target_pieces": translations[1][0]["pieces"]}
+    assert [json.loads(body) for body in asked] == [chosen]
+    maps = httpx.post(f"{url}/attention", json=chosen).json()
     # Titled with its sentence pair; a caption, scoped headers and labelled controls; a colour bar with its range.
     assert page.inner_text("#map-title .source") == lines[1]
     assert page.inner_text("#map-title .target") == translations[1][0]["text"]

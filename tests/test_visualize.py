@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig, ModelConfig, TrainConfig
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, WordTokenizer
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SPECIAL_PIECES, UNK_ID, WordTokenizer
 from transformer.inference import attention_maps as visualize
 from transformer.inference.attention_maps import (
     AttentionMaps,
@@ -23,6 +23,7 @@ from transformer.inference.attention_maps import (
     save_attention_maps,
 )
 from transformer.inference.loading import TrainedModel
+from transformer.inference.search import beam_search
 from transformer.model.transformer import build_model
 
 N_ENC, N_DEC, HEADS = 2, 3, 2
@@ -154,26 +155,48 @@ def test_dump_attention_writes_chosen_sentences_and_texts(model: nn.Module, tmp_
 
     monkeypatch.setattr(visualize, "save_attention_maps", save)
     monkeypatch.setattr(visualize, "log_attention_maps", lambda writer, maps, tag, step: logged.append((writer, tag)))
+    # The translations as the search generates them: "<unk>" is one id, which its text would read back as three.
+    asked = []
+
+    def translation_ids(trained: TrainedModel, sources: list[str], eval_cfg: EvalConfig) -> list[list[int]]:
+        asked.append(sources)
+        return [[UNK_ID, 20], [21, 22, 23, 24]]
+
+    monkeypatch.setattr(visualize, "translation_ids", translation_ids)
     cfg = AttentionDumpConfig(indices=[1], texts=["c d e"], on_reference=True, max_tokens=3)
     writer = RecordingWriter()
     paths = dump_attention(cfg, _trained(model), EvalConfig(beam_size=1), ["a b", "b c d e f"], ["x", "y z"],
-                           ["p", "q r"], tmp_path, writer)
+                           tmp_path, writer)
+    assert asked == [["b c d e f", "c d e"]]  # one search for every chosen sentence
     assert list(saved) == ["test1_hyp", "test1_ref", "text0_hyp"]  # a given text has no reference
     assert paths == [tmp_path / f"{name}.npz" for name in saved]
-    assert saved["test1_hyp"].src_pieces == ["b", "c", "d"] and saved["test1_hyp"].tgt_pieces == ["q", "r", "</s>"]
+    assert saved["test1_hyp"].src_pieces == ["b", "c", "d"]
+    assert saved["test1_hyp"].tgt_pieces == ["<unk>", "q", "</s>"]
     assert saved["test1_ref"].tgt_pieces == ["y", "z", "</s>"] and saved["text0_hyp"].src_pieces == ["c", "d", "e"]
+    assert saved["text0_hyp"].tgt_pieces == ["r", "s", "t", "</s>"]  # cut to max_tokens
     assert logged == [(writer, f"attention/{name}") for name in saved]
+
+
+def test_translation_ids_are_the_searchs_best_hypotheses(model: nn.Module) -> None:
+    trained, sources, cfg = _trained(model), ["a b c", "d e", "f"], EvalConfig(beam_size=2, n_best=2)
+    # each sentence alone, without the cache: another path to the same hypotheses than the batched, cached search
+    alone = [beam_search(model.eval(), torch.tensor([trained.src_tok.encode(source)]), beam_size=2, n_best=1,
+                         length_penalty=cfg.length_penalty, length_norm=cfg.length_norm, pad_id=PAD_ID,
+                         bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
+                         use_cache=False, max_tgt_len=64)[0][0].tokens for source in sources]
+    assert visualize.translation_ids(trained, sources, cfg) == alone
+    assert any(alone)
 
 
 def test_dump_attention_rejects_an_index_outside_the_test_set(model: nn.Module, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"attention.indices: 2 is outside the test set \(0..1\)"):
         dump_attention(AttentionDumpConfig(indices=[2]), _trained(model), EvalConfig(beam_size=1), ["a", "b"],
-                       ["a", "b"], ["a", "b"], tmp_path, None)
+                       ["a", "b"], tmp_path, None)
 
 
 def test_dump_attention_rejects_a_chosen_sentence_without_source_tokens(model: nn.Module, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^attention.indices: 1 is a test sentence whose source has no token "
                                           r"\(' '\): there is nothing to attend to$"):
         dump_attention(AttentionDumpConfig(indices=[0, 1]), _trained(model), EvalConfig(beam_size=1), ["a", " "],
-                       ["a", "b"], ["a", ""], tmp_path, None)
+                       ["a", "b"], tmp_path, None)
     assert list(tmp_path.iterdir()) == []

@@ -3,12 +3,14 @@
 Built on FastAPI (validation, the OpenAPI page at ``/docs``) and uvicorn. Endpoints:
 
 - ``POST /translate`` ``{"text": "..." | ["...", ...], "beam_size"?, "n_best"?}`` -> ``{"translations": [[{"text",
-  "score"}, ...n_best] per sentence], "warnings": [...]}``. Decoding goes through :class:`Translator` (so a run, a
-  checkpoint and a CTranslate2 export are served alike) with the composed ``eval`` settings; a request may change
-  ``beam_size`` and ``n_best``.
-- ``POST /attention`` ``{"source": "...", "target"?: "..."}`` -> the pieces and the ``[layer][head][query][key]``
-  weights of encoder self-, decoder self- and cross-attention (:func:`transformer.inference.explorer.attention_json`),
-  teacher-forced on ``target`` or on the model's own translation.
+  "score", "pieces"}, ...n_best] per sentence], "warnings": [...]}``. Decoding goes through :class:`Translator` (so
+  a run, a checkpoint and a CTranslate2 export are served alike) with the composed ``eval`` settings; a request may
+  change ``beam_size`` and ``n_best``.
+- ``POST /attention`` ``{"source": "...", "target"?: "..." | "target_pieces"?: [...]}`` -> the pieces and the
+  ``[layer][head][query][key]`` weights of encoder self-, decoder self- and cross-attention
+  (:func:`transformer.inference.explorer.attention_json`), teacher-forced on ``target`` (encoded), on
+  ``target_pieces`` (a translation's pieces, as ``/translate`` returns them: exactly what the model generated) or on
+  the PyTorch model's own translation.
 - ``GET /health``, ``GET /info`` (languages, model config, vocabulary sizes, checkpoint SHA-256, settings).
 
 Batching (:class:`transformer.app.batcher.Batcher`): requests wait in one queue; the decoder takes the first and, for up to
@@ -59,7 +61,8 @@ from transformer.app.http_requests import (
 )
 from transformer.app.schemas import ServeConfig
 from transformer.config import ConfigError, to_plain_dict
-from transformer.inference.attention_maps import pair_attention_maps
+from transformer.data.tokenizer import Tokenizer
+from transformer.inference.attention_maps import pair_attention_maps, translation_ids
 from transformer.inference.explorer import ASSETS, attention_json, live_page
 from transformer.inference.export import read_export_record
 from transformer.inference.loading import TrainedModel, load_model, load_trained
@@ -156,35 +159,59 @@ class Service:
             raise RequestError(413, "text", f"{tokens} source tokens; a request takes at most "
                                             f"{self.cfg.max_request_tokens}")
         results = await self.batcher.translate(sentences, beam_size, n_best, tokens)
-        return {"translations": [[{"text": t.text, "score": t.score} for t in nbest] for nbest in results],
+        return {"translations": [[{"text": t.text, "score": t.score, "pieces": list(t.pieces)} for t in nbest]
+                                 for nbest in results],
                 "warnings": warnings}
 
     async def attention(self, body: dict[str, Any]) -> dict[str, Any]:
-        only_fields(body, ("source", "target"))
+        only_fields(body, ("source", "target", "target_pieces"))
         source, target = text_field(body, "source"), text_field(body, "target", required=False)
+        if target is not None and body.get("target_pieces") is not None:
+            raise RequestError(422, "target_pieces", "give target or target_pieces, not both")
         if not source.strip():
             raise RequestError(422, "source", "is empty: there is nothing to attend to")
         if self.model.attention is None:
             raise RequestError(503, "attention", self.model.attention_missing)
+        trained = self.model.attention
+        target_ids = self._target_pieces(body, trained.tgt_tok)
         tokens, _ = self._tokens([source], ["source"], self.translator.max_positions)
         if tokens == 0:  # characters the tokenizer drops, such as a zero-width space
             raise RequestError(422, "source", "has no token the model reads: there is nothing to attend to")
         if tokens > self.cfg.max_request_tokens:
             raise RequestError(413, "source", f"{tokens} tokens; a request takes at most "
                                               f"{self.cfg.max_request_tokens}")
-        if target is None:
-            target = (await self.batcher.translate([source], self.translator.eval.beam_size, 1, tokens))[0][0].text
+        if target is not None:
+            target_ids = trained.tgt_tok.encode(target)
         # The decoder reads BOS and the target, so both fit the position limit; the maps are cut shorter still.
         limit = min(self.translator.max_positions - 1, self.cfg.max_attention_tokens)
-        lengths = (("source", len(self.translator.src_tok.encode(source))),
-                   ("target", len(self.translator.tgt_tok.encode(target))))
-        warnings = [f"{name}: {n} tokens, cut to {limit} for the maps (max_attention_tokens)"
-                    for name, n in lengths if n > limit]
 
         def maps() -> dict[str, Any]:
-            return attention_json(pair_attention_maps(self.model.attention, source, target, limit), warnings)
+            ids = target_ids
+            if ids is None:  # the model's own translation, as the ids it generates
+                ids = translation_ids(trained, [source], self.translator.eval)[0]
+            lengths = (("source", len(trained.src_tok.encode(source))), ("target", len(ids)))
+            warnings = [f"{name}: {n} tokens, cut to {limit} for the maps (max_attention_tokens)"
+                        for name, n in lengths if n > limit]
+            return attention_json(pair_attention_maps(trained, source, ids, limit), warnings)
 
         return await self.batcher.run(maps)  # on the decoding thread: the model's, and the JSON is large
+
+    @staticmethod
+    def _target_pieces(body: dict[str, Any], tgt_tok: Tokenizer) -> list[int] | None:
+        """``target_pieces``, the target as pieces of the model's vocabulary (those ``/translate`` returns), as
+        ids; None when not given."""
+        pieces = body.get("target_pieces")
+        if pieces is None:
+            return None
+        if not isinstance(pieces, list) or not all(isinstance(piece, str) for piece in pieces):
+            raise RequestError(422, "target_pieces", "must be a list of strings: pieces of the model's vocabulary")
+        vocabulary = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
+        specials = {tgt_tok.id_to_piece(i) for i in (tgt_tok.pad_id, tgt_tok.bos_id, tgt_tok.eos_id)}
+        for i, piece in enumerate(pieces):
+            if piece not in vocabulary or piece in specials:
+                raise RequestError(422, f"target_pieces[{i}]", f"{piece!r} is not a piece of the model's target "
+                                   "vocabulary (BOS, EOS and padding are added by the server)")
+        return [vocabulary[piece] for piece in pieces]
 
 
 def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
@@ -227,7 +254,10 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         return await unless_client_leaves(request, service.translate(body))
 
     @app.post("/attention", openapi_extra=_body_schema(
-        {"source": {"type": "string"}, "target": {"type": "string"}}, ["source"]),
+        {"source": {"type": "string"}, "target": {"type": "string"},
+         "target_pieces": {"type": "array", "items": {"type": "string"},
+                           "description": "the target as the pieces /translate returns (instead of target)"}},
+        ["source"]),
         responses=_responses(ATTENDED, 400, 403, 413, 415, 422, 503))
     async def attention(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request))
@@ -259,9 +289,10 @@ _MAPS = {"type": "array", "description": "[layer][head][query][key] attention we
          "items": {"type": "array", "items": {"type": "array", "items": _NUMBERS}}}
 TRANSLATED = {"type": "object", "required": ["translations", "warnings"], "properties": {
     "translations": {"type": "array", "description": "per sentence, its n_best translations, best first",
-                     "items": {"type": "array", "items": {"type": "object", "required": ["text", "score"],
+                     "items": {"type": "array", "items": {"type": "object", "required": ["text", "score", "pieces"],
                                                           "properties": {"text": {"type": "string"},
-                                                                         "score": {"type": "number"}}}}},
+                                                                         "score": {"type": "number"},
+                                                                         "pieces": _STRINGS}}}},
     "warnings": _STRINGS}}
 ATTENDED = {"type": "object", "properties": {
     "source_pieces": _STRINGS, "target_pieces": _STRINGS, "target_input_pieces": _STRINGS,

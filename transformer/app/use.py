@@ -91,7 +91,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     tracker = Tracker(out / "tensorboard", enabled=True)
     tracker.scalars(scores.scalars("test/"), step=0)
     if trained is not None:
-        dump_attention(cfg.attention, trained, cfg.eval, src, refs, hypotheses, out / "attention", tracker.writer)
+        dump_attention(cfg.attention, trained, cfg.eval, src, refs, out / "attention", tracker.writer)
     tracker.close()
     log.info("%s: %s", name, format_scores(scores))  # on the console, and in the run's evaluate.log
     return metrics

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
@@ -33,7 +33,7 @@ from transformer import files
 from transformer.config import AttentionDumpConfig, ConfigError, EvalConfig
 from transformer.data.tokenizer import BOS_PIECE, EOS_PIECE, Tokenizer
 from transformer.inference.explorer import attention_json, standalone_page
-from transformer.inference.translation import translate
+from transformer.inference.translation import translate_hypotheses
 
 if TYPE_CHECKING:  # annotations only
     from transformer.inference.loading import TrainedModel
@@ -264,17 +264,30 @@ def log_attention_maps(writer: ImageWriter | None, maps: AttentionMaps, tag: str
 # --------------------------------------------------------------------------------------------------
 
 
-def pair_attention_maps(trained: TrainedModel, source: str, target: str, max_tokens: int) -> AttentionMaps:
-    """All attention weights of one sentence pair, teacher-forced on ``target`` (both cut to ``max_tokens``, and to
-    what the model's positions hold: the decoder reads BOS before the target)."""
+def pair_attention_maps(trained: TrainedModel, source: str, target_ids: Sequence[int],
+                        max_tokens: int) -> AttentionMaps:
+    """All attention weights of one sentence pair, teacher-forced on the target ids (both sides cut to
+    ``max_tokens``, and to what the model's positions hold: the decoder reads BOS before the target).
+
+    Give the model's own translation as the ids it generated (:func:`translation_ids`), not as its text encoded
+    again: a SentencePiece model may generate a segmentation that its tokenizer would not choose (``▁Kunst erin``
+    for ``▁K un ster in``), and a word-level ``<unk>`` reads back as three words."""
     src_ids = trained.src_tok.encode(source)[:min(max_tokens, trained.model.max_positions)]
-    tgt_ids = trained.tgt_tok.encode(target)[:min(max_tokens, trained.model.max_positions - 1)]
+    tgt_ids = list(target_ids)[:min(max_tokens, trained.model.max_positions - 1)]
     return compute_attention_maps(
         trained.model, src_ids, tgt_ids,
         src_pieces=[trained.src_tok.id_to_piece(i) for i in src_ids],
         tgt_pieces=[trained.tgt_tok.id_to_piece(i) for i in tgt_ids],
         bos_id=trained.tgt_tok.bos_id, eos_id=trained.tgt_tok.eos_id, pad_id=trained.src_tok.pad_id,
     )
+
+
+def translation_ids(trained: TrainedModel, sources: list[str], eval_cfg: EvalConfig) -> list[list[int]]:
+    """The ids of the model's best translation of each source, with the search ``eval_cfg`` gives."""
+    found = translate_hypotheses(trained.model, sources, trained.src_tok, trained.tgt_tok,
+                                 replace(eval_cfg, n_best=1), next(trained.model.parameters()).device,
+                                 trained.model.max_positions)
+    return [nbest[0].tokens for nbest in found]
 
 
 def check_indices(cfg: AttentionDumpConfig, sources: list[str], src_tok: Tokenizer) -> None:
@@ -293,22 +306,20 @@ def check_indices(cfg: AttentionDumpConfig, sources: list[str], src_tok: Tokeniz
 
 
 def _chosen_sentences(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: EvalConfig, src: list[str],
-                      refs: list[str], hypotheses: list[str]) -> list[tuple[str, str, str, str | None]]:
-    """``(name, source, hypothesis, reference or None)`` for the test indices and texts ``cfg`` names."""
+                      refs: list[str]) -> list[tuple[str, str, list[int], str | None]]:
+    """``(name, source, the ids of its translation, reference or None)`` for the test indices and texts ``cfg``
+    names."""
     check_indices(cfg, src, trained.src_tok)
-    chosen: list[tuple[str, str, str, str | None]] = [
-        (f"test{index}", src[index], hypotheses[index], refs[index]) for index in cfg.indices]
-    if cfg.texts:
-        texts = list(cfg.texts)
-        given = translate(trained.model, texts, trained.src_tok, trained.tgt_tok, eval_cfg,
-                          next(trained.model.parameters()).device, trained.model.max_positions)
-        chosen += [(f"text{i}", text, nbest[0], None) for i, (text, nbest) in enumerate(zip(texts, given))]
-    return chosen
+    named = ([(f"test{index}", src[index], refs[index]) for index in cfg.indices]
+             + [(f"text{i}", text, None) for i, text in enumerate(cfg.texts)])
+    found = translation_ids(trained, [source for _, source, _ in named], eval_cfg) if named else []
+    return [(name, source, ids, reference) for (name, source, reference), ids in zip(named, found)]
 
 
 def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: EvalConfig, src: list[str],
-                   refs: list[str], hypotheses: list[str], out: str | Path, writer: ImageWriter | None) -> list[Path]:
-    """Attention maps of the chosen test sentences and given texts, on the hypothesis (and the reference).
+                   refs: list[str], out: str | Path, writer: ImageWriter | None) -> list[Path]:
+    """Attention maps of the chosen test sentences and given texts, on the model's translation (the ids it
+    generates) and on the reference.
 
     Files go to ``out`` as ``{name}_{hyp|ref}_*.png`` and ``.npz`` (names: ``test{index}``, ``text{i}``);
     the same figures go to TensorBoard as ``attention/{name}_{hyp|ref}/*``. With ``attention.format=html``
@@ -316,21 +327,21 @@ def dump_attention(cfg: AttentionDumpConfig, trained: TrainedModel, eval_cfg: Ev
 
     Args:
         cfg: which sentences (``attention.indices`` into ``src``, ``attention.texts``) and how long.
-        eval_cfg: the decoding used to translate ``attention.texts``.
-        src, refs, hypotheses: the scored test set and the model's translations of it.
+        eval_cfg: the search that translates the chosen sentences.
+        src, refs: the test set.
 
     Returns:
         Every written path.
     """
     written: list[Path] = []
     entries = []  # for attention.format=html
-    for name, source, hypothesis, reference in _chosen_sentences(cfg, trained, eval_cfg, src, refs, hypotheses):
-        targets = [("hyp", hypothesis)]
+    for name, source, hypothesis, reference in _chosen_sentences(cfg, trained, eval_cfg, src, refs):
+        targets = [("hyp", trained.tgt_tok.decode(hypothesis), hypothesis)]
         if cfg.on_reference and reference is not None:
-            targets.append(("ref", reference))
-        for kind, target in targets:
-            maps = pair_attention_maps(trained, source, target, cfg.max_tokens)
-            lengths = len(trained.src_tok.encode(source)), len(trained.tgt_tok.encode(target))
+            targets.append(("ref", reference, trained.tgt_tok.encode(reference)))
+        for kind, target, target_ids in targets:
+            maps = pair_attention_maps(trained, source, target_ids, cfg.max_tokens)
+            lengths = len(trained.src_tok.encode(source)), len(target_ids)
             if (len(maps.src_pieces), len(maps.tgt_pieces) - 1) != lengths:  # tgt_pieces end in EOS
                 log.warning("attention maps for %s (%s): %d source and %d target tokens cut to %d and %d "
                             "(attention.max_tokens, the model's positions)", name, kind, *lengths,

@@ -56,18 +56,28 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
                      device: torch.device | str, max_positions: int, progress: bool = False
                      ) -> list[list[tuple[str, float]]]:
     """Translate lines of text; returns ``cfg.n_best`` (text, score) pairs per line, best first, in the input
-    order. The score is the hypothesis's log-probability normalized as ``cfg.length_norm`` says.
+    order (see :func:`translate_hypotheses`)."""
+    found = translate_hypotheses(model, texts, src_tok, tgt_tok, cfg, device, max_positions, progress)
+    return [[(tgt_tok.decode(h.tokens), h.score) for h in nbest] for nbest in found]
+
+
+def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
+                         cfg: EvalConfig, device: torch.device | str, max_positions: int, progress: bool = False
+                         ) -> list[list[Hypothesis]]:
+    """Translate lines of text; returns ``cfg.n_best`` hypotheses (the generated ids and their scores) per line,
+    best first, in the input order. The score is the hypothesis's log-probability normalized as
+    ``cfg.length_norm`` says.
 
     Sources are encoded without BOS/EOS (as ``batching.collate`` does), sorted by length and decoded in
     batches of :func:`~transformer.runtime.decode_batch_size` sentences. An empty (or all-whitespace) line gives
-    ``n_best`` empty strings (score 0) without running the model. A line longer than ``max_positions`` tokens is
-    cut to that length with a warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's
+    ``n_best`` empty hypotheses (score 0) without running the model. A line longer than ``max_positions`` tokens
+    is cut to that length with a warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's
     position limit).
     ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
     ids = encode_sources(texts, src_tok, max_positions)
-    outputs: list[list[tuple[str, float]]] = [[("", 0.0)] * cfg.n_best for _ in texts]
+    outputs: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.n_best for _ in texts]
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
     model.eval()
@@ -80,7 +90,7 @@ def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt
                 chunk = todo[start:start + batch_size]
                 src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
                 for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_positions)):
-                    outputs[i] = [(tgt_tok.decode(h.tokens), h.score) for h in nbest]
+                    outputs[i] = nbest
                 bar.update(len(chunk))
     finally:
         bar.close()

@@ -6,7 +6,7 @@ trained model.
     translator = Translator.load("exports/en_de")                  # CTranslate2 (transformer-export)
     translator.translate(["A man rides a bike."], beam_size=1)      # -> [["Ein Mann fährt Fahrrad."]]
     translator.translate_scored(["A man rides a bike."], beam_size=4, n_best=2)
-    # -> [[Translation(text="Ein Mann fährt Fahrrad.", score=-0.21), Translation(text=..., score=...)]]
+    # -> [[Translation(text="Ein Mann fährt Fahrrad.", score=-0.21, pieces=("▁Ein", "▁Mann", ...)), ...]]
 
 Both backends search with the ``eval`` settings given to :meth:`Translator.load` (default: ``EvalConfig``'s beam
 search for a run or checkpoint, the settings it was exported with for an export); a call may change ``beam_size``
@@ -36,7 +36,7 @@ from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTo
 from transformer.inference.export import EXPORT_FILE, check_export_files, read_export_record
 from transformer.inference.loading import TrainedModel, load_model
 from transformer.inference.search import length_penalty
-from transformer.inference.translation import encode_sources, translate_scored
+from transformer.inference.translation import encode_sources, translate_hypotheses
 from transformer.runtime import choose_device, decode_batch_size
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,12 @@ BACKENDS = ("torch", "ctranslate2")
 
 @dataclass(frozen=True)
 class Translation:
-    """One hypothesis: its detokenized text and its length-normalized log-probability (the n-best order)."""
+    """One hypothesis: its detokenized text, its length-normalized log-probability (the n-best order) and the target
+    pieces the model generated (without BOS and EOS: what its attention maps are drawn on)."""
 
     text: str
     score: float
+    pieces: tuple[str, ...] = ()
 
 
 class Translator:
@@ -180,10 +182,13 @@ class Translator:
                               f"got {cfg['beam_size']}")
         cfg = replace(self.eval, **given)
         if self._trained is not None:
-            scored = translate_scored(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg, self.device,
-                                      self.max_positions)
-            return [[Translation(text, score) for text, score in nbest] for nbest in scored]
+            found = translate_hypotheses(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg,
+                                         self.device, self.max_positions)
+            return [[self._translation(h.tokens, h.score) for h in nbest] for nbest in found]
         return self._translate_ct2(sentences, cfg)
+
+    def _translation(self, ids: list[int], score: float) -> Translation:
+        return Translation(self.tgt_tok.decode(ids), score, tuple(self.tgt_tok.id_to_piece(i) for i in ids))
 
     def _translate_ct2(self, sentences: list[str], cfg: EvalConfig) -> list[list[Translation]]:
         """Sentences grouped by their hypothesis length limit (CTranslate2 takes one per call)."""
@@ -216,7 +221,7 @@ class Translator:
                     pieces = hypothesis[:-1] if ended else hypothesis
                     if greedy:
                         score /= length_penalty(max(len(pieces) + ended, 1), cfg.length_penalty, cfg.length_norm)
-                    out[i].append(Translation(self.tgt_tok.decode([self._target_ids[p] for p in pieces]), score))
+                    out[i].append(self._translation([self._target_ids[p] for p in pieces], score))
         return out
 
     def search_differences(self, cfg: EvalConfig | None = None) -> list[str]:

@@ -14,7 +14,7 @@ from transformer.data.batching import TokenBucketSampler, collate
 from transformer.data.tokenizer import Tokenizer
 from transformer.inference.attention_maps import alignment_figure, compute_attention_maps, figure_to_array
 from transformer.inference.metrics import corpus_scores, perplexity
-from transformer.inference.translation import translate
+from transformer.inference.translation import translate_hypotheses
 from transformer.tracking import Tracker
 from transformer.training.trainer import ValidateFn
 
@@ -50,12 +50,13 @@ def make_validator(valid_src: list[str], valid_ref: list[str], src_tok: Tokenize
             nll += F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
                                    ignore_index=tgt_tok.pad_id, reduction="sum").item()
             n_tokens += batch.n_tgt_tokens
-        hypotheses = [nbest[0] for nbest in translate(model, valid_src[:n_bleu], src_tok, tgt_tok, greedy,
-                                                       device, max_positions)]
+        found = [nbest[0].tokens for nbest in translate_hypotheses(model, valid_src[:n_bleu], src_tok, tgt_tok,
+                                                                    greedy, device, max_positions)]
+        hypotheses = [tgt_tok.decode(ids) for ids in found]
         scores = corpus_scores(hypotheses, valid_ref[:n_bleu])
         _log_samples(tracker, valid_src, valid_ref, hypotheses, training.n_samples, step)
         if drawn is not None:
-            _log_attention(tracker, model, src_tok, tgt_tok, valid_src[drawn], hypotheses[drawn], step, figure_tokens)
+            _log_attention(tracker, model, src_tok, tgt_tok, valid_src[drawn], found[drawn], step, figure_tokens)
         model.train(was_training)
         n_tokens = max(n_tokens, 1)
         return {"loss": nll / n_tokens, "ppl": perplexity(nll, n_tokens), "bleu": scores.bleu, "chrf": scores.chrf}
@@ -69,14 +70,13 @@ def _log_samples(tracker: Tracker, src: list[str], ref: list[str], hyp: list[str
 
 
 def _log_attention(tracker: Tracker, model: nn.Module, src_tok: Tokenizer, tgt_tok: Tokenizer,
-                   source: str, hypothesis: str, step: int, max_tokens: int) -> None:
+                   source: str, hypothesis: list[int], step: int, max_tokens: int) -> None:
     """The source-target alignment (last layer, head-averaged cross-attention) of the first validation
-    sentence whose source has tokens, teacher-forced on the model's own translation: one picture per validation,
-    cheap to draw.
-    Both sides are cut to ``max_tokens`` tokens."""
+    sentence whose source has tokens, teacher-forced on the model's own translation (the ids it generated): one
+    picture per validation, cheap to draw. Both sides are cut to ``max_tokens`` tokens."""
     if not tracker.enabled:
         return
-    src_ids, tgt_ids = src_tok.encode(source)[:max_tokens], tgt_tok.encode(hypothesis)[:max_tokens]
+    src_ids, tgt_ids = src_tok.encode(source)[:max_tokens], hypothesis[:max_tokens]
     maps = compute_attention_maps(
         model, src_ids, tgt_ids,
         src_pieces=[src_tok.id_to_piece(i) for i in src_ids], tgt_pieces=[tgt_tok.id_to_piece(i) for i in tgt_ids],

@@ -333,7 +333,9 @@ function startLive() {
     explorer.classList.add("stale"); // the map shown, if any, is another sentence's until the answer comes
     say(`computing the attention of line ${item.line}…`);
     try {
-      const maps = await postJSON("/attention", { source: item.source, target: item.target });
+      // the pieces the model generated, where the server gives them: its text, encoded again, may split otherwise
+      const target = item.pieces ? { target_pieces: item.pieces } : { target: item.target };
+      const maps = await postJSON("/attention", { source: item.source, ...target });
       if (asked !== latest) return;
       explorer.classList.remove("stale");
       explorer.hidden = false;
@@ -392,7 +394,7 @@ function startLive() {
       const attention = !known || known.attention !== false;
       const answers = await translateLines(lines, limit, lines.length);
       const items = answers.map(({ text, line, answer }) => ({ source: text, line, target: answer.text,
-        score: answer.score }));
+        score: answer.score, pieces: answer.pieces }));
       renderResults(results, items, attention ? showAttention : null);
       say(`${items.length} translated` + (attention ? ": choose one to see its attention." : "."));
     } catch (error) {

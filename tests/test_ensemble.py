@@ -9,12 +9,13 @@ import pytest
 import torch
 from test_decoding import BOS_ID, REAL, tiny_model, varied_sources
 
-from transformer.app.schemas import EvaluateConfig
+from transformer.app.schemas import EvaluateConfig, TranslateConfig
 from transformer.checkpoint import RunDir
 from transformer.config import (
     AttentionDumpConfig,
     ConfigError,
     DataConfig,
+    EvalConfig,
     LengthNorm,
     ModelConfig,
     TrainConfig,
@@ -125,3 +126,11 @@ def test_a_missing_member_or_attention_maps_are_config_errors(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="attention: attention maps are drawn for one model"):
         EvaluateConfig(run_dir=str(first), ensemble=[str(first)], attention=AttentionDumpConfig(indices=[0]))
 
+
+
+@pytest.mark.parametrize("command", [EvaluateConfig, TranslateConfig])
+def test_an_ensemble_in_fixed_shapes_is_refused_before_any_model_loads(command, tmp_path: Path) -> None:
+    # the run folders do not exist: the refusal comes from the config alone, before anything is read
+    with pytest.raises(ConfigError, match=r"^eval.fixed_shape: decodes a single Transformer, not an ensemble"):
+        command(run_dir=str(tmp_path / "a"), ensemble=[str(tmp_path / "b")], eval=EvalConfig(fixed_shape=True))
+    assert command(run_dir=str(tmp_path / "a"), eval=EvalConfig(fixed_shape=True)).eval.fixed_shape

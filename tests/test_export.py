@@ -298,6 +298,13 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
             either.translate(["a b", "a \ud800"])
         assert either.translate(s for s in ("a b", "c")) == either.translate(["a b", "c"])  # any iterable, read once
         assert len(either.translate(iter(["a b", "c"]))) == 2
+    # n_best not given: the translator's, as many as the call's beam holds (as a server request without it)
+    three = Translator.load(one_run, eval_cfg=EvalConfig(beam_size=3, n_best=3))
+    greedy = Translator.load(one_run, eval_cfg=EvalConfig(beam_size=1))
+    assert three.translate(["a b"], beam_size=1) == greedy.translate(["a b"])
+    assert [len(nbest) for nbest in three.translate(["a b"], beam_size=2)] == [2]
+    with pytest.raises(ConfigError, match=r"^device: CTranslate2 decodes on cpu or cuda, not meta; give device=cpu"):
+        Translator.load(out, device="meta")
     with pytest.raises(ConfigError, match="backend: ctranslate2 runs an export; make one with transformer-export"):
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):

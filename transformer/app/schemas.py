@@ -28,14 +28,16 @@ from transformer.config import (
 
 
 def _check_one_model(run_dir: Optional[str], checkpoint: Optional[str], export_dir: Optional[str],
-                     ensemble: list[str]) -> None:
-    """Exactly one model source; an export decodes alone."""
+                     ensemble: list[str], fixed_shape: bool) -> None:
+    """Exactly one model source; an export decodes alone, and so does the fixed-shape search."""
     given = [key for key, value in (("run_dir", run_dir), ("checkpoint", checkpoint), ("export_dir", export_dir))
              if value is not None]
     check(len(given) == 1, "run_dir", "give exactly one of run_dir=..., checkpoint=... or export_dir=..."
           + (f" (got {', '.join(given)})" if given else ""))
     check(export_dir is None or not ensemble, "ensemble", "an export decodes alone: leave out ensemble=... with "
           "export_dir=...")
+    check(not (fixed_shape and ensemble), "eval.fixed_shape", "decodes a single Transformer, not an ensemble; "
+          "set eval.fixed_shape=false or leave out ensemble=...")
 
 
 @dataclass
@@ -64,7 +66,7 @@ class EvaluateConfig:
     device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
-        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble)
+        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble, self.eval.fixed_shape)
         check(self.export_dir is None or not (self.attention.indices or self.attention.texts), "attention",
               "attention maps are drawn from this app's model, not an export: give run_dir=... or checkpoint=...")
         check((self.src_file is None) == (self.ref_file is None), "ref_file",
@@ -91,7 +93,7 @@ class TranslateConfig:
     device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
-        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble)
+        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble, self.eval.fixed_shape)
 
 
 
@@ -140,7 +142,7 @@ class ServeConfig:
     device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
-        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, [])
+        _check_one_model(self.run_dir, self.checkpoint, self.export_dir, [], fixed_shape=False)
         check(0 <= self.port <= 65535, "port", f"must be in 0..65535, got {self.port}")
         check(self.max_wait_ms >= 0, "max_wait_ms", f"must be >= 0, got {self.max_wait_ms}")
         for key in ("batch_tokens", "max_sentences", "max_request_tokens", "max_attention_tokens"):

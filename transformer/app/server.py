@@ -96,7 +96,7 @@ def load_served_model(cfg: ServeConfig) -> Model:
     if cfg.export_dir is not None:
         translator = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval)
     else:
-        translator = Translator.from_trained(load_model(cfg.run_dir, cfg.checkpoint, [], device), device, cfg.eval)
+        translator = Translator.from_trained(load_model(cfg.run_dir, cfg.checkpoint, [], device), cfg.eval)
     if translator.backend == "torch":
         attention, missing = translator.trained, ""
         sha = files.sha256(translator.source)

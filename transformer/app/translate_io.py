@@ -98,7 +98,6 @@ def translate_as_typed(translate_lines: Callable[[list[str]], list[list[str]]]) 
     """Translate each line typed at a terminal when Enter ends it, until Ctrl-D: read whole, stdin would give
     nothing back before the end of the input. Each warning comes after the line it is about, every time."""
     print("Type a sentence and press Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
-    warned = False
     for line_no, row in enumerate(sys.stdin.buffer, start=1):
         try:
             line = row.removesuffix(b"\n").removesuffix(b"\r").decode("utf-8")
@@ -109,7 +108,7 @@ def translate_as_typed(translate_lines: Callable[[list[str]], list[list[str]]]) 
         with warnings.catch_warnings():
             warnings.simplefilter("always")  # a second over-long line is warned of too
             candidates = translate_lines([line])[0]
-        warned = warned or warn_of_empty_translations([line], [candidates], first_line_no=line_no)
+        warn_of_empty_translations([line], [candidates], first_line_no=line_no)
         write_translations(None, [candidates])
 
 

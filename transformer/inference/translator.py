@@ -25,7 +25,7 @@ import importlib.util
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -98,17 +98,21 @@ class Translator:
         if not is_export and backend == "ctranslate2":
             raise ConfigError(f"backend: ctranslate2 runs an export; make one with transformer-export "
                               f"{'run_dir' if path.is_dir() else 'checkpoint'}={path} out_dir=DIR")
+        if is_export and device.type not in ("cpu", "cuda"):
+            raise ConfigError(f"device: CTranslate2 decodes on cpu or cuda, not {device.type}; give device=cpu, or "
+                              "decode the run or checkpoint it was exported from")
         if is_export:
             return cls._load_export(path, device, eval_cfg, threads)
         trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [], device)
-        return cls.from_trained(trained, device, eval_cfg)
+        return cls.from_trained(trained, eval_cfg)
 
     @classmethod
-    def from_trained(cls, trained: TrainedModel, device: str | torch.device,
-                     eval_cfg: EvalConfig | None = None) -> Translator:
-        """A translator (backend ``torch``) for a model already loaded on ``device`` (``load_model`` finds a run's
-        checkpoint and refuses a path given under the wrong key); ``eval_cfg`` None: ``EvalConfig``'s search."""
+    def from_trained(cls, trained: TrainedModel, eval_cfg: EvalConfig | None = None) -> Translator:
+        """A translator (backend ``torch``) for a model already loaded, on the device its weights are on
+        (``load_model`` finds a run's checkpoint and refuses a path given under the wrong key); ``eval_cfg`` None:
+        ``EvalConfig``'s search."""
         data = trained.config.data
+        device = next(trained.model.parameters()).device
         return cls("torch", trained.src_tok, trained.tgt_tok, eval_cfg or EvalConfig(), trained.model.max_positions,
                    data, (data.src, data.tgt), trained.path, trained=trained, device=str(device))
 
@@ -155,6 +159,7 @@ class Translator:
     def translate_scored(self, sentences: Iterable[str], beam_size: int | None = None,
                          n_best: int | None = None) -> list[list[Translation]]:
         """``n_best`` :class:`Translation` s of each sentence, best first (a blank sentence: empty, score 0).
+        ``beam_size`` and ``n_best`` not given: the translator's (``eval``), ``n_best`` at most ``beam_size``.
 
         Sentences are sorted by length and decoded ``eval.batch_size`` at a time (64 on a CPU, 512 on a GPU).
         """
@@ -170,17 +175,17 @@ class Translator:
             except UnicodeEncodeError as error:  # a lone surrogate, e.g. from bytes decoded with surrogateescape
                 raise ValueError(f"sentences[{i}]: not valid Unicode text ({error.reason} at character "
                                  f"{error.start})") from None
-        given = {k: v for k, v in (("beam_size", beam_size), ("n_best", n_best)) if v is not None}
-        for key, value in given.items():
-            if isinstance(value, bool) or not isinstance(value, int):
+        for key, value in (("beam_size", beam_size), ("n_best", n_best)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"{key}: must be an integer, got {value!r}")
-            if value < 1:
+            if value is not None and value < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {value}")
-        cfg = {**asdict(self.eval), **given}
-        if cfg["n_best"] > cfg["beam_size"]:
-            raise ConfigError(f"n_best: {cfg['n_best']} translations need beam_size >= {cfg['n_best']}, "
-                              f"got {cfg['beam_size']}")
-        cfg = replace(self.eval, **given)
+        beam_size = beam_size or self.eval.beam_size
+        if n_best is None:  # not given: the translator's n_best, as many as this call's beam holds
+            n_best = min(self.eval.n_best, beam_size)
+        if n_best > beam_size:
+            raise ConfigError(f"n_best: {n_best} translations need beam_size >= {n_best}, got {beam_size}")
+        cfg = replace(self.eval, beam_size=beam_size, n_best=n_best)
         if self._trained is not None:
             found = translate_hypotheses(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg,
                                          self.device, self.max_positions)

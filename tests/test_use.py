@@ -6,6 +6,7 @@ import gzip
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,14 +158,45 @@ def test_n_best_translations_are_columns_and_an_empty_line_keeps_them(tmp_path):
     assert out.read_text(encoding="utf-8") == "ein Hund\tder Hund\n\t\nKatze\t\n"
 
 
-def test_lines_typed_at_a_terminal_that_get_empty_translations_draw_one_warning(monkeypatch, capsys, caplog):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b\n\nc\nd e\n"), encoding="utf-8"))
+def test_each_line_typed_at_a_terminal_that_gets_an_empty_translation_draws_a_warning(monkeypatch, capsys, caplog):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a b\n\nc\nd e\nc\n"), encoding="utf-8"))
     with caplog.at_level(logging.WARNING, logger="transformer.app.translate_io"):
         translate_io.translate_as_typed(lambda lines: [["" if line == "c" or not line else line.upper()]
                                                        for line in lines])
-    assert capsys.readouterr().out == "A B\n\n\nD E\n"
+    assert capsys.readouterr().out == "A B\n\n\nD E\n\n"
     assert [record.getMessage()[:56] for record in caplog.records] == [
-        "1 of 1 non-blank lines got an empty translation (line 3)"]
+        "1 of 1 non-blank lines got an empty translation (line 3)",
+        "1 of 1 non-blank lines got an empty translation (line 5)"]
+
+
+def _upper_until(stop_at: str):
+    """A translation of lines (upper case) that fails, as Ctrl-C or a crash would, at the line ``stop_at``."""
+    def translate_lines(lines: list[str]) -> list[list[str]]:
+        if stop_at in lines:
+            raise KeyboardInterrupt
+        return [[line.upper()] for line in lines]
+    return translate_lines
+
+
+def test_a_long_input_goes_out_window_by_window_and_an_interruption_keeps_the_windows_done(
+        monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(translate_io, "WINDOW_LINES", 2)
+    lines = ["a", "b", "c", "d", "e"]
+    out = tmp_path / "out.txt"
+    translate_io.translate_in_windows(lines, _upper_until("none"), str(out))
+    assert out.read_text(encoding="utf-8") == "A\nB\nC\nD\nE\n" and not Path(f"{out}.partial").exists()
+    out.unlink()
+    with pytest.raises(KeyboardInterrupt, match=rf"^interrupted; the translations of lines 1-4 of 5 are in "
+                                                rf"{re.escape(str(out))}\.partial$"):
+        translate_io.translate_in_windows(lines, _upper_until("e"), str(out))
+    assert not out.exists() and Path(f"{out}.partial").read_text(encoding="utf-8") == "A\nB\nC\nD\n"
+    with pytest.raises(KeyboardInterrupt):  # stdout: the windows done were written as they were done
+        translate_io.translate_in_windows(lines, _upper_until("c"), None)
+    assert capsys.readouterr().out == "A\nB\n"
+    Path(f"{out}.partial").unlink()
+    with pytest.raises(KeyboardInterrupt, match="^$"):  # nothing done: nothing to keep
+        translate_io.translate_in_windows(lines, _upper_until("a"), str(out))
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_translate_warns_once_of_lines_that_got_an_empty_translation(compose_config, trained_run, tmp_path,

@@ -1,6 +1,7 @@
 """The input and output of ``transformer-translate``: its input read line for line as the corpus reader reads a
 corpus, or translated line by line as a person types it at a terminal; its output, a file checked before any
-decoding so that a refusal loses no work, or stdout."""
+decoding so that a refusal loses no work, or stdout. A long input is translated in windows of lines: stdout gets
+each window as it is done, and a run stopped part way keeps the windows done (``OUTPUT.partial``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from transformer import files
 from transformer.config import ConfigError
 
 log = logging.getLogger(__name__)
+
+WINDOW_LINES = 10_000  # lines translated (sorted by length within), warned of and written at a time
 
 
 def check_output_file(path: str, input_path: str | None, overwrite: bool) -> None:
@@ -76,6 +79,36 @@ def read_lines(path: str | None) -> list[str]:
             raise ConfigError(f"input: {name}:{number} is not valid UTF-8 ({error.reason} at byte {error.start})") \
                 from None
     return lines
+
+
+def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]],
+                         output: str | None) -> None:
+    """Translate ``lines`` ``WINDOW_LINES`` at a time into ``output`` (None: stdout, each window as it is done).
+
+    The file is written whole at the end; a Ctrl-C or a failure after some windows keeps their translations in
+    ``OUTPUT.partial`` (its lines are the first lines of the input) and says so."""
+    done: list[list[str]] = []
+    try:
+        for start in range(0, len(lines), WINDOW_LINES):
+            window = lines[start:start + WINDOW_LINES]
+            nbest = translate_lines(window)
+            warn_of_empty_translations(window, nbest, first_line_no=start + 1)
+            if output is None:
+                write_translations(None, nbest)
+            else:
+                done += nbest
+    except BaseException as error:
+        if output is None or not done:
+            raise
+        partial = f"{output}.partial"
+        write_translations(partial, done)
+        kept = f"the translations of lines 1-{len(done)} of {len(lines)} are in {partial}"
+        if isinstance(error, KeyboardInterrupt):
+            raise KeyboardInterrupt(f"interrupted; {kept}") from None
+        log.error("translate failed; %s", kept)
+        raise
+    if output is not None:
+        write_translations(output, done)
 
 
 def write_translations(path: str | None, nbest: list[list[str]]) -> None:

@@ -21,8 +21,7 @@ from transformer.app.translate_io import (
     check_output_folder,
     read_lines,
     translate_as_typed,
-    warn_of_empty_translations,
-    write_translations,
+    translate_in_windows,
 )
 from transformer.config import ConfigError, to_plain_dict
 from transformer.data.corpus import DataError, read_parallel
@@ -127,9 +126,7 @@ def translate(cfg: TranslateConfig) -> None:
         translate_as_typed(translate_lines)
         return
     lines = read_lines(cfg.input)  # after the model loaded: its errors come before any reading
-    nbest = translate_lines(lines)
-    warn_of_empty_translations(lines, nbest)
-    write_translations(cfg.output, nbest)
+    translate_in_windows(lines, translate_lines, cfg.output)
 
 
 def export(cfg: ExportConfig) -> None:

@@ -94,8 +94,13 @@ def max_lengths(src: Tensor, pad_id: int, max_len_a: float, max_len_b: float,
         src: (batch, src_len) ids padded with ``pad_id``; src_len counts real tokens only.
     """
     real = (src != pad_id).sum(dim=1).tolist()  # (batch,)
-    limits = [max(1, math.floor(max_len_a * n + max_len_b)) for n in real]
-    return limits if max_tgt_len is None else [min(limit, max_tgt_len) for limit in limits]
+    return [max_length(n, max_len_a, max_len_b, max_tgt_len) for n in real]
+
+
+def max_length(src_len: int, max_len_a: float, max_len_b: float, max_tgt_len: int | None = None) -> int:
+    """The token limit of one hypothesis of a source of ``src_len`` tokens (see :func:`max_lengths`)."""
+    limit = max(1, math.floor(max_len_a * src_len + max_len_b))
+    return limit if max_tgt_len is None else min(limit, max_tgt_len)
 
 
 def finalize_hypothesis(tokens: list[int], log_prob: float, ended: bool, alpha: float, norm: LengthNorm) -> Hypothesis:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, 
 from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
 from transformer.inference.export import EXPORT_FILE, check_export_files, read_export_record
 from transformer.inference.loading import TrainedModel, load_model
-from transformer.inference.search import length_penalty
+from transformer.inference.search import length_penalty, max_length
 from transformer.inference.translation import encode_sources, translate_hypotheses
 from transformer.runtime import choose_device, decode_batch_size
 
@@ -209,7 +208,7 @@ class Translator:
         groups: dict[int, list[int]] = {}
         for i, source in enumerate(tokens):
             if source:
-                limit = min(max(1, math.floor(cfg.max_len_a * len(source) + cfg.max_len_b)), self.max_positions)
+                limit = max_length(len(source), cfg.max_len_a, cfg.max_len_b, self.max_positions)
                 groups.setdefault(limit, []).append(i)
         pending = [(indices, self._ct2.translate_batch(  # every group queued at once: the workers share them out
             [tokens[i] for i in indices], beam_size=cfg.beam_size, num_hypotheses=cfg.n_best, length_penalty=penalty,

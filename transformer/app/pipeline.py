@@ -27,7 +27,7 @@ from transformer.data.corpus import TranslationDataset, read_parallel
 from transformer.data.splits import anchored, corpus_paths, load_split
 from transformer.data.subword_sampling import ResegmentedCorpus, ResegmentingSampler
 from transformer.data.tokenizer import Tokenizer, tokenizer_from_state
-from transformer.inference.translation import format_scores, score_texts
+from transformer.inference.translation import score_texts
 from transformer.model.transformer import Transformer, build_model
 from transformer.overrides import override_value
 from transformer.runtime import (
@@ -312,7 +312,7 @@ def _final_evaluation(cfg: TrainConfig, run: ckpt.RunDir, model: Transformer, sr
     scores, hypotheses = score_texts(model, test_src, test_ref, src_tok, tgt_tok, cfg.eval, device, cfg.data.tgt)
     files.write_text(run.test_hypotheses, "\n".join(hypotheses) + "\n")
     tracker.scalars(scores.scalars("test/"), step=step)
-    log.info("test (%s, %s): %s", cfg.data.test_split, final.source, format_scores(scores))
+    log.info("test (%s, %s): %s", cfg.data.test_split, final.source, scores)
     return {
         "valid_bleu": final.valid_bleu, "test_bleu": scores.bleu, "test_chrf": scores.chrf,
         "test_tokenized_bleu": scores.tokenized_bleu,

@@ -30,7 +30,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.inference.attention_maps import check_indices, dump_attention
 from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
 from transformer.inference.metrics import corpus_scores
-from transformer.inference.translation import format_scores, score_texts
+from transformer.inference.translation import score_texts
 from transformer.inference.translation import translate as translate_texts
 from transformer.inference.translator import Translator
 from transformer.runtime import choose_device
@@ -92,7 +92,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     if trained is not None:
         dump_attention(cfg.attention, trained, cfg.eval, src, refs, out / "attention", tracker.writer)
     tracker.close()
-    log.info("%s: %s", name, format_scores(scores))  # on the console, and in the run's evaluate.log
+    log.info("%s: %s", name, scores)  # on the console, and in the run's evaluate.log
     return metrics
 
 

@@ -38,10 +38,12 @@ class Scores:
     tokenized_bleu_signature: str | None = None
 
     def __str__(self) -> str:
-        text = (f"BLEU = {self.bleu:.2f} ({self.bleu_signature})  chrF = {self.chrf:.2f} ({self.chrf_signature})  "
-                f"[{self.n_sentences} sentences]")
+        """BLEU and chrF with their sacreBLEU signatures, as the log shows them."""
+        text = (f"BLEU {self.bleu:.2f} chrF {self.chrf:.2f} on {self.n_sentences} sentences\n"
+                f"  {self.bleu_signature}\n  {self.chrf_signature}")
         if self.tokenized_bleu is not None:
-            text += f"  tokenized BLEU = {self.tokenized_bleu:.2f} ({self.tokenized_bleu_signature})"
+            text += (f"\n  tokenized BLEU {self.tokenized_bleu:.2f} (Multi30k papers' flavour): "
+                     f"{self.tokenized_bleu_signature}")
         return text
 
     def scalars(self, prefix: str) -> dict[str, float]:

@@ -31,15 +31,6 @@ def score_texts(model: Transformer | Ensemble, src: list[str], refs: list[str], 
     return corpus_scores(hypotheses, refs, tokenized_lang=lang), hypotheses
 
 
-def format_scores(scores: Scores) -> str:
-    """BLEU and chrF with their sacreBLEU signatures, for the log."""
-    text = (f"BLEU {scores.bleu:.2f} chrF {scores.chrf:.2f} on {scores.n_sentences} sentences\n"
-            f"  {scores.bleu_signature}\n  {scores.chrf_signature}")
-    if scores.tokenized_bleu is not None:
-        text += f"\n  tokenized BLEU {scores.tokenized_bleu:.2f} (Multi30k papers' flavour): {scores.tokenized_bleu_signature}"
-    return text
-
-
 class TruncationWarning(UserWarning):
     """Input lines were cut to the model's position limit (a server, which names them in each answer, ignores it)."""
 

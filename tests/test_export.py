@@ -21,8 +21,9 @@ from transformer.app import pipeline
 from transformer.app.schemas import Quantization
 from transformer.config import ConfigError, EvalConfig, LengthNorm
 from transformer.inference.export import EXPORT_FILE, QUANTIZATIONS, export
-from transformer.inference.loading import load_trained
+from transformer.inference.loading import load_model, load_trained
 from transformer.inference.translation import translate_scored
+from transformer.inference.translator import Translator
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
@@ -163,13 +164,23 @@ def test_the_command_offers_the_quantizations_the_export_takes():
     assert tuple(choice.value for choice in Quantization) == QUANTIZATIONS
 
 
-def test_int8_exports_and_runs(one_run, tmp_path):
-    trained = load_trained(one_run, torch.device("cpu"))
-    out = export(trained, tmp_path / "int8", "int8", {})
-    assert json.loads((out / EXPORT_FILE).read_text())["quantization"] == "int8"
-    result = ctranslate2.Translator(str(out), device="cpu").translate_batch([["a", "b"]], beam_size=1,
-                                                                           max_decoding_length=5)
-    assert len(result[0].hypotheses[0]) <= 5
+@pytest.mark.parametrize("quantization", ["int8", "int8_float32"])
+def test_an_int8_export_is_smaller_translates_as_the_float_one_and_leaves_the_model_as_it_was(
+        trained_run, tmp_path, quantization):
+    run_dir, _ = trained_run  # a model that has learnt the toy task: its translations are worth comparing
+    trained = load_model(str(run_dir), None, [], torch.device("cpu"))
+    weights = {name: tensor.clone() for name, tensor in trained.model.state_dict().items()}
+    small = export(trained, tmp_path / quantization, quantization, {})
+    # CTranslate2 quantizes the arrays it is given in place: the model exported from must not change
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in trained.model.state_dict().items())
+    plain = export(trained, tmp_path / "float32", "none", {})
+    assert json.loads((small / EXPORT_FILE).read_text())["quantization"] == quantization
+    assert (small / "model.bin").stat().st_size < 0.8 * (plain / "model.bin").stat().st_size
+    lines = (run_dir.parent / "toy" / "test.src").read_text().splitlines()
+    greedy = EvalConfig(beam_size=1)
+    quantized, exact = (Translator.load(path, eval_cfg=greedy).translate(lines) for path in (small, plain))
+    assert exact == Translator.load(run_dir, eval_cfg=greedy).translate(lines)
+    assert sum(a == b for a, b in zip(quantized, exact)) >= 0.9 * len(lines)
 
 
 @pytest.mark.slow

@@ -90,7 +90,8 @@ def check_exportable(trained: TrainedModel) -> None:
 
 
 def _numpy(tensor: torch.Tensor) -> Any:
-    return tensor.detach().float().cpu().contiguous().numpy()
+    """A float32 copy: the spec's optimize quantizes its arrays in place, which must not reach the model."""
+    return tensor.detach().to("cpu", torch.float32, copy=True).contiguous().numpy()
 
 
 def _linear(spec: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

@@ -153,8 +153,9 @@ def test_a_changed_corpus_file_rebuilds_everything(tmp_path, corpus, counted):
     with open(corpus / "train.xx", "a", encoding="utf-8") as handle, open(corpus / "train.yy", "a") as other:
         handle.write("a red cat\n")
         other.write("A RED CAT\n")
-    _, _, data = load_or_build(_cfg(tmp_path))  # size changed
-    assert counted["train"].calls == 2 and data[len(data) - 1][0] != []
+    src_tok, tgt_tok, data = load_or_build(_cfg(tmp_path))  # size changed
+    assert counted["train"].calls == 2 and counted["encode"].calls == 2
+    assert [list(side) for side in data[len(data) - 1]] == [src_tok.encode("a red cat"), tgt_tok.encode("A RED CAT")]
     stat = (corpus / "train.yy").stat()
     os.utime(corpus / "train.yy", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # same bytes, newer
     load_or_build(_cfg(tmp_path))

@@ -101,9 +101,9 @@ def test_training_on_the_diversified_split_validates_and_tests_on_the_corpus(com
 
 
 def test_diversify_names_the_missing_keys(compose_config):
-    with pytest.raises(Exception, match="forward: give the forward models"):
+    with pytest.raises(ConfigError, match="^forward: give the forward models"):
         OmegaConf.to_object(compose_config("diversify", ["out_dir=x"]))
-    with pytest.raises(Exception, match="out_dir: give the folder"):
+    with pytest.raises(ConfigError, match="^out_dir: give the folder"):
         OmegaConf.to_object(compose_config("diversify", ["forward=[run]"]))
 
 

@@ -62,7 +62,7 @@ def test_rejects_probabilities_outside_zero_one(p: float) -> None:
 
 def test_a_probability_within_two_to_the_minus_17_of_one_drops_nearly_everything_and_scales_the_rest() -> None:
     torch.manual_seed(2)  # round(p · 2^16) is 2^16 here: the 16-bit draws cannot express the keep rate
-    x = torch.ones(400_000)
+    x = torch.ones(4_000_000)  # 20 kept on average
     y = dropout(x, 0.999995)
     kept = y[y != 0]
-    assert kept.numel() <= 20 and torch.allclose(kept, torch.full_like(kept, 1 / (1 - 0.999995)))
+    assert 1 <= kept.numel() <= 60 and torch.allclose(kept, torch.full_like(kept, 1 / (1 - 0.999995)))

@@ -102,13 +102,15 @@ def _save_run(folder: Path, seed: int, words: str = "a b c", src: str = "en", tg
 def test_load_model_builds_an_ensemble_from_run_dirs_and_files(tmp_path: Path) -> None:
     first, second, third = (_save_run(tmp_path / name, seed) for seed, name in enumerate(("r1", "r2", "r3")))
     cpu = torch.device("cpu")
-    single = load_model(first, None, [], cpu)
     trained = load_model(None, RunDir(first).final, [second, RunDir(third).final], cpu)
     assert isinstance(trained.model, Ensemble) and len(trained.model.members) == 3 and not trained.model.training
     assert trained.path == RunDir(first).final and trained.ensemble_paths == (RunDir(second).final,
                                                                              RunDir(third).final)
-    for key, value in single.model.state_dict().items():
-        assert torch.equal(trained.model.members[0].state_dict()[key], value), key
+    alone = [load_model(run, None, [], cpu).model.state_dict() for run in (first, second, third)]
+    for member, weights in zip(trained.model.members, alone):  # each member is its own run, in the order given
+        assert all(torch.equal(member.state_dict()[key], value) for key, value in weights.items())
+    key = "encoder.layers.0.self_attn.in_proj_weight"  # three seeds, three models
+    assert not torch.equal(alone[0][key], alone[1][key]) and not torch.equal(alone[1][key], alone[2][key])
 
 
 @pytest.mark.parametrize("change, differs", [(dict(words="a b d"), "tokenizers"),

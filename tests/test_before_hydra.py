@@ -106,4 +106,5 @@ def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tm
                                   f"{tmp_path / 'locked'} is not writable (permission denied); name another folder")
     before_hydra.refuse_unwritable_run_folders([f"hydra.run.dir={tmp_path / 'free' / 'run'}"])  # may be made
     before_hydra.refuse_unwritable_run_folders([f"hydra.run.dir={tmp_path / 'locked'}/${{now:%H}}"])  # Hydra's
-    assert list(tmp_path.iterdir()) and not (tmp_path / "free").exists()  # nothing made by the check
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"]  # nothing made by the check
+    assert list((tmp_path / "locked").iterdir()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from transformer.checkpoint import CheckpointError, RunDir, load_checkpoint
 from transformer.config import ConfigError
 from transformer.data.corpus import DataError
 from transformer.inference.loading import load_trained
+from transformer.inference.metrics import corpus_scores
 from transformer.training.run_lock import LOCK_FILE
 
 _train = train_toy
@@ -351,7 +353,11 @@ def test_readme_smoke_run_on_multi30k(multi30k, tmp_path):
     )
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["train"]["steps"] == 50
-    assert 0.0 <= metrics["test_bleu"] <= 100.0 and metrics["test"]["n_sentences"] == 1000
+    hypotheses = (tmp_path / "run" / "test.hyp.txt").read_text(encoding="utf-8").splitlines()
+    with gzip.open(multi30k / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as references:
+        scored = corpus_scores(hypotheses, [line.rstrip("\n") for line in references])
+    assert len(hypotheses) == metrics["test"]["n_sentences"] == 1000
+    assert scored.bleu == pytest.approx(metrics["test_bleu"]) and scored.chrf == pytest.approx(metrics["test_chrf"])
 
 
 @pytest.mark.slow

@@ -175,7 +175,9 @@ def test_the_closing_hint_names_the_ensemble_only_when_there_is_one():
 def test_the_command_line_reports_a_bad_override_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "transformer", "recipe", "ensemble", str(tmp_path / "ens"),
                            "model.n_head=3"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert done.returncode == 1 and "Traceback" not in done.stderr and "n_head" in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "model.n_head" in lines[0] and "model.n_heads" in lines[0], done.stderr
 
 
 def test_seeds_are_read_as_a_list_and_a_seed_given_twice_is_refused(capsys):

@@ -24,6 +24,8 @@ def test_scalars_and_text_are_written(tmp_path):
     [loss] = events.Scalars("train/loss")
     assert (loss.step, loss.value) == (3, 2.5)
     assert events.Scalars("test/bleu")[0].step == 9
+    [sample] = events.Tensors("valid/samples/text_summary")
+    assert sample.step == 3 and sample.tensor_proto.string_val == [b"a | b"]
 
 
 def test_an_image_is_written_height_width_channels(tmp_path):
@@ -38,7 +40,7 @@ def test_an_image_is_written_height_width_channels(tmp_path):
     assert (image.step, image.height, image.width) == (4, 5, 7)
 
 
-def test_disabled_tracker_and_bar_do_nothing(tmp_path):
+def test_disabled_tracker_and_bar_do_nothing(tmp_path, capsys):
     tracker = Tracker(tmp_path / "tb", enabled=False)
     tracker.scalars({"loss": 1.0}, 1, prefix="train")
     tracker.hparams({"lr": 1.0}, {"bleu": 1.0})
@@ -47,6 +49,7 @@ def test_disabled_tracker_and_bar_do_nothing(tmp_path):
     bar = ProgressBar(10, enabled=False)
     bar.update(1, loss=1.0, tokens_per_s=5.0)
     bar.close()
+    assert capsys.readouterr() == ("", "")
 
 
 class _Terminal(io.StringIO):

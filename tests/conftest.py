@@ -1,5 +1,5 @@
-"""Shared fixtures: config composition, the real Multi30k folder, a tiny synthetic parallel corpus, and a
-small model trained on digit reversal."""
+"""Shared fixtures: config composition, the real Multi30k folder, a tiny synthetic parallel corpus, a small model
+trained on digit reversal, and the figures the training curves are drawn on."""
 
 from __future__ import annotations
 
@@ -103,3 +103,21 @@ def reversal_model() -> nn.Module:
         return train_reversal_model()
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def saved_figures(monkeypatch) -> list:
+    """Every figure ``transformer.app.curves`` saves while the test runs (still saved), to read its lines back."""
+    from matplotlib.figure import Figure
+
+    from transformer.app import curves
+
+    figures: list[Figure] = []
+
+    class Recorded(Figure):
+        def savefig(self, *args, **kwargs) -> None:
+            figures.append(self)
+            super().savefig(*args, **kwargs)
+
+    monkeypatch.setattr(curves, "Figure", Recorded)
+    return figures

@@ -59,19 +59,38 @@ def test_a_missing_tag_names_the_tags_found(run_dir: Path) -> None:
         read_curve(run_dir, tag="valid/chrf")
 
 
-def test_plot_curves_writes_a_png_of_the_figure_size(run_dir: Path, tmp_path: Path) -> None:
+def _lines(figure) -> list[tuple[str, list, list, str]]:
+    """Each line of the figure's one plot: its label, x and y values and line style."""
+    [axes] = figure.axes
+    return [(line.get_label(), list(line.get_xdata()), list(line.get_ydata()), line.get_linestyle())
+            for line in axes.get_lines()]
+
+
+def test_plot_curves_draws_each_curve_and_the_reference_in_a_png_of_the_figure_size(run_dir: Path, tmp_path: Path,
+                                                                                   saved_figures) -> None:
+    ours = read_curve(run_dir, label="ours")
     reference = Curve("reference", [1.0, 4.0], [0, 0], [8.0, 16.0])
-    out = plot_curves([read_curve(run_dir, label="ours")], tmp_path / "curve.png", reference=reference)
+    out = plot_curves([ours], tmp_path / "curve.png", reference=reference)
     assert out == tmp_path / "curve.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.image.imread(out).shape[:2] == (540, 840)  # 4.5 x 7 inches at 120 dpi
+    [figure] = saved_figures
+    assert _lines(figure) == [("ours", ours.minutes, [10.5, 20.25, 24.0], "-"),
+                              ("reference", [1.0, 4.0], [8.0, 16.0], "--")]
+    [axes] = figure.axes
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["ours", "reference"]
+    assert (axes.get_xlabel(), axes.get_ylabel()) == ("minutes of training", "validation BLEU")
 
 
-def test_plot_curves_draws_against_steps_when_asked(run_dir: Path, tmp_path: Path) -> None:
+def test_plot_curves_draws_against_steps_when_asked(run_dir: Path, tmp_path: Path, saved_figures) -> None:
     curve = read_curve(run_dir, label="ours")
     by_minutes = plot_curves([curve], tmp_path / "minutes.png")
     by_steps = plot_curves([curve], tmp_path / "steps.png", x="steps")
     assert matplotlib.image.imread(by_steps).shape == matplotlib.image.imread(by_minutes).shape
-    assert by_steps.read_bytes() != by_minutes.read_bytes()  # other x values, other axis label
+    minutes, steps = saved_figures
+    assert _lines(minutes) == [("ours", curve.minutes, curve.values, "-")]
+    assert _lines(steps) == [("ours", [100, 200, 300], curve.values, "-")]
+    assert steps.axes[0].get_xlabel() == "optimizer steps" and minutes.axes[0].get_xlabel() == "minutes of training"
     with pytest.raises(ValueError, match=r"x must be one of \['minutes', 'steps'\], got 'epochs'"):
         plot_curves([curve], tmp_path / "epochs.png", x="epochs")
+    assert len(saved_figures) == 2 and not (tmp_path / "epochs.png").exists()

@@ -63,13 +63,17 @@ def test_toy_copy_is_learned(trained_run):
     assert metrics["test_bleu"] > 60.0, metrics
 
 
-def test_training_curve_is_read_back_and_plotted(trained_run, tmp_path):
+def test_training_curve_is_read_back_and_plotted(trained_run, tmp_path, saved_figures):
     run_dir, metrics = trained_run
     curve = read_curve(run_dir)
     assert max(curve.values) == pytest.approx(metrics["train"]["best_bleu"], abs=1e-4)
     assert curve.steps == sorted(curve.steps) and all(m >= 0 for m in curve.minutes)
     png = plot_curves([curve], tmp_path / "curve.png", reference=Curve("ref", [0.1, 0.2], [0, 0], [1.0, 2.0]))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    [axes] = saved_figures[0].axes
+    lines = [(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in axes.get_lines()]
+    assert lines == [("out", curve.minutes, curve.values), ("ref", [0.1, 0.2], [1.0, 2.0])]
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["out", "ref"]
 
 
 def test_a_run_records_its_corpus_folder_absolute_so_it_is_found_from_anywhere(compose_config, toy_corpus, tmp_path,

@@ -178,9 +178,10 @@ def test_average_last_zero_keeps_the_best_checkpoint(compose_config, toy_corpus,
     assert metrics["final_weights"].startswith("best (step 2)")
 
 
-def test_missing_corpus_says_how_to_get_it(compose_config, tmp_path):
+def test_a_missing_corpus_folder_is_refused_naming_the_key_and_the_folder(compose_config, tmp_path):
     cfg = compose_config("train", [*TOY, f"data.dir={tmp_path / 'nowhere'}", f"output_dir={tmp_path / 'out'}"])
-    with pytest.raises(DataError, match="nowhere"):
+    with pytest.raises(DataError, match=rf"^data\.dir={re.escape(str(tmp_path / 'nowhere'))}: directory not found "
+                                        r"\(data\.corpus=custom\)$"):
         pipeline.train(OmegaConf.to_object(cfg))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import CONFIG_DIR
@@ -19,6 +20,7 @@ from transformer.config import (
     NormPosition,
     PositionKind,
     TrainConfig,
+    flatten,
     from_plain_dict,
     to_plain_dict,
 )
@@ -45,21 +47,51 @@ def test_every_debug_preset_composes(compose_config, debug):
     assert cfg.model.d_model == 32  # both presets use the tiny model
 
 
+def _set_values(path: Path) -> dict[str, object]:
+    """The dotted keys a config file sets and their values: its ``defaults`` list, the ``hydra`` settings and
+    interpolations (resolved only when composed) left out."""
+    tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    return {key: value for key, value in flatten(tree).items()
+            if key != "defaults" and not key.startswith("hydra.") and not (isinstance(value, str) and "${" in value)}
+
+
 @pytest.mark.parametrize("group", ["model", "training", "eval", "data"])
-def test_every_group_option_composes(compose_config, group):
+def test_every_group_option_composes_with_the_values_it_sets(compose_config, group):
     extra = {"glove300": ["model.glove.path=x.txt"], "glove50": ["model.glove.path=x.txt"],
              "custom": ["data.dir=d", "data.src=xx", "data.tgt=yy"], "toy_copy": ["data.dir=d"]}
     for option in _options(group):
         cfg = OmegaConf.to_object(compose_config("train", [f"{group}={option}", *extra.get(option, []), *RUN]))
         assert isinstance(cfg, TrainConfig)
+        composed = flatten(to_plain_dict(cfg))
+        own = _set_values(CONFIG_DIR / group / f"{option}.yaml")
+        expected = {f"{group}.{key}": value for key, value in own.items()}
+        expected |= dict(override.split("=") for override in extra.get(option, []))
+        assert {key: composed[key] for key in expected} == expected, option
 
 
-def test_root_configs_compose(compose_config):
-    for name in ("prepare_data", "benchmark"):
-        OmegaConf.to_object(compose_config(name, ["output_dir=/tmp/x"] if name == "benchmark" else []))
+ROOTS = {  # the overrides each root config is composed with, and values they must give
+    "prepare_data": ([], {"data.corpus": "multi30k", "data.src": "en", "data.tgt": "de"}),
+    "benchmark": (["output_dir=/tmp/x"], {"output_dir": "/tmp/x", "eval.beam_size": 5, "eval.length_penalty": 1.5}),
+    "evaluate": (["run_dir=outputs/train/x", *RUN], {"run_dir": "outputs/train/x", "output_dir": "/tmp/unused"}),
+    "translate": (["checkpoint=x.pt", "eval=greedy"], {"checkpoint": "x.pt", "eval.beam_size": 1}),
+    "export": (["run_dir=r", "out_dir=e", "quantization=int8"], {"out_dir": "e", "quantization": "int8"}),
+    "serve": (["run_dir=r", "port=0"], {"run_dir": "r", "port": 0, "eval.beam_size": 8}),
+    "diversify": (["forward=[r]", "out_dir=d"], {"forward": ["r"], "out_dir": "d", "eval.beam_size": 5}),
+}
+
+
+@pytest.mark.parametrize("name", ROOTS)
+def test_root_configs_compose_with_their_own_values_and_the_overrides(compose_config, name):
+    overrides, expected = ROOTS[name]
+    composed = flatten(to_plain_dict(OmegaConf.to_object(compose_config(name, overrides))))
+    own = _set_values(CONFIG_DIR / f"{name}.yaml")
+    assert {key: composed[key] for key in own} == own
+    assert {key: composed[key] for key in expected} == expected
+
+
+def test_evaluate_searches_with_the_eval_config_defaults(compose_config):
     cfg = OmegaConf.to_object(compose_config("evaluate", ["run_dir=outputs/train/x", *RUN]))
     assert isinstance(cfg, EvaluateConfig) and cfg.eval == EvalConfig()  # eval=beam is EvalConfig's defaults
-    OmegaConf.to_object(compose_config("translate", ["checkpoint=x.pt", "eval=greedy"]))
 
 
 def test_defaults_are_the_dataclass_defaults(compose_config):

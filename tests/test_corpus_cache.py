@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -124,11 +125,26 @@ def test_resumed_tokenizers_are_used_and_key_the_cache(tmp_path, corpus):
 
 @pytest.mark.parametrize("kind", [TokenizerKind.word, TokenizerKind.sentencepiece])
 def test_encoding_in_worker_processes_gives_the_same_arrays(tmp_path, corpus, monkeypatch, kind):
+    submitted = []  # the chunks' source lines sent to worker processes
+
+    class RecordingPool(ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):
+            submitted.append(args[1])
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two cores, even on one
+    monkeypatch.setattr(corpus_encoding, "ProcessPoolExecutor", RecordingPool)
     in_process = _arrays(load_or_build(_cfg(tmp_path, kind))[2])
+    assert submitted == []  # a small file is encoded here
     monkeypatch.setattr(corpus_cache, "POOL_MIN_BYTES", 0)
     monkeypatch.setattr(corpus_cache, "CHUNK_LINES", 25)  # several chunks in flight, results kept in order
     parallel = _arrays(load_or_build(_cfg(tmp_path, kind, cache_dir=str(tmp_path / "again")))[2])
-    assert all(np.array_equal(a, b) for a, b in zip(in_process, parallel))
+    assert [line for chunk in submitted for line in chunk] == (corpus / "train.xx").read_text().splitlines()
+    assert [len(chunk) for chunk in submitted] == [25, 25, 25, 25, 24]
+    assert len(in_process) == len(parallel) == 4
+    for name, a, b in zip(("src_tokens", "src_offsets", "tgt_tokens", "tgt_offsets"), in_process, parallel):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+        assert a.dtype == b.dtype, name
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,10 +3,14 @@ and worker processes against this process."""
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ProcessPoolExecutor
+
 import numpy as np
 import pytest
 
 from transformer.config import TokenizerConfig, TokenizerKind
+from transformer.data import encoding
 from transformer.data.encoding import NpyWriter, encode_pairs, encoded_chunks
 from transformer.data.tokenizer import WordTokenizer
 
@@ -47,11 +51,23 @@ def test_encoded_chunk_is_the_tokenizers_ids_packed(tokenizer):
     assert chunk.n_whitespace_normalized == 2  # "the dog  runs" and " the red house "
 
 
-def test_worker_processes_give_the_chunks_in_corpus_order(tokenizer):
-    chunks = [(SRC[i:], TGT[i:]) for i in range(len(SRC))] * 3  # more chunks than workers keep in flight
+def test_worker_processes_give_the_chunks_in_corpus_order(tokenizer, monkeypatch):
+    # twelve different chunks: more than two workers keep in flight, any two out of order differ
+    chunks = [(SRC[i % 4:] * (1 + i // 4), TGT[i % 4:] * (1 + i // 4)) for i in range(12)]
     here = list(encoded_chunks(iter(chunks), tokenizer, tokenizer, np.dtype(np.uint16), use_processes=False))
+    submitted = []  # the chunks sent to worker processes
+
+    class RecordingPool(ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):
+            submitted.append(args[1:])
+            return super().submit(*args, **kwargs)
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two cores, even on one
+    monkeypatch.setattr(encoding, "ProcessPoolExecutor", RecordingPool)
     pooled = list(encoded_chunks(iter(chunks), tokenizer, tokenizer, np.dtype(np.uint16), use_processes=True))
-    assert len(here) == len(pooled) == len(chunks)
+    assert submitted == chunks and len(here) == len(pooled) == len(chunks)
     for a, b in zip(here, pooled):
-        np.testing.assert_array_equal(a.src_tokens, b.src_tokens)
-        np.testing.assert_array_equal(a.tgt_lengths, b.tgt_lengths)
+        for name in ("src_tokens", "src_lengths", "tgt_tokens", "tgt_lengths"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+            assert getattr(a, name).dtype == getattr(b, name).dtype, name
+        assert a.n_whitespace_normalized == b.n_whitespace_normalized

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -43,6 +44,13 @@ def test_training_flops_match_pytorchs_counter(d_head):
 def test_matmul_peak_is_a_plausible_rate():
     flops = benchmark.matmul_peak(torch.device("cpu"), size=128, repeats=2)
     assert 1e6 < flops < 1e14
+
+
+def test_matmul_peak_is_the_flops_of_the_fastest_timed_round(monkeypatch):
+    clock = iter([0.0, 9.0, 10.0, 14.0, 20.0, 22.0, 30.0, 33.0])  # rounds of 9 (warm-up), 4, 2 and 3 seconds
+    monkeypatch.setattr(benchmark, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    flops = benchmark.matmul_peak(torch.device("cpu"), size=16, repeats=5)
+    assert flops == 2 * 16**3 * 5 / 2.0 and next(clock, None) is None
 
 
 def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus, tmp_path):

@@ -109,7 +109,7 @@ def test_arrays_are_read_only_memory_maps_of_the_smallest_dtype(tmp_path, corpus
     for array in (data.src_tokens, data.src_offsets, data.tgt_tokens, data.tgt_offsets):
         assert isinstance(array, np.memmap) and not array.flags.writeable
     assert data.src_tokens.dtype == np.uint8 and data.src_offsets.dtype == np.int64  # a few dozen words + 4 specials
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^assignment destination is read-only$"):
         data.src_tokens[0] = 1
 
 

@@ -76,13 +76,15 @@ def matmul_peak(device: torch.device, size: int, repeats: int = 10) -> float:
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     best = float("inf")
-    for _ in range(4):  # the first round warms up
+    for round_ in range(4):
         _sync(device)
         start = time.perf_counter()
         for _ in range(repeats):
             a @ b
         _sync(device)
-        best = min(best, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if round_:  # the first round only warms up
+            best = min(best, elapsed)
     return 2.0 * size**3 * repeats / best
 
 

@@ -4,6 +4,7 @@ is written; an export never overwrites and appears whole or not at all."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import math
@@ -329,6 +330,12 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
             with pytest.raises(error, match=message):
                 Translator.load(path, threads=threads)
     assert Translator.load(out, threads=1).translate_scored(sentences) == first  # one worker: the same answers
+    threads = torch.get_num_threads()
+    try:
+        Translator.load(one_run, threads=threads + 1)  # the torch backend: PyTorch's threads
+        assert torch.get_num_threads() == threads + 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_damaged_export_or_a_missing_ctranslate2_is_refused_in_one_line(one_run, tmp_path, monkeypatch):
@@ -455,5 +462,24 @@ def test_an_export_cuts_an_over_long_line_with_the_warning_the_torch_backend_giv
         limit = translator.max_positions
         lines = ["a b", " ".join(["a"] * (limit + 6))]
         cut = rf"1 input line\(s\) longer than {limit} source tokens were truncated: line 2 \({limit + 6} tokens\)"
-        with pytest.warns(UserWarning, match=cut):
+        with pytest.warns(UserWarning, match=cut) as warned:
             translator.translate(lines)
+        assert warned[0].filename == __file__, f"{translator.backend}: the warning points into the library"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_both_backends_count_the_sentences_on_a_progress_bar_when_asked(one_run, tmp_path, monkeypatch):
+    from transformer import Translator
+
+    out = export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    for path in (one_run, out):
+        translator = Translator.load(path, eval_cfg=EvalConfig(beam_size=1))
+        for progress in (False, True):
+            monkeypatch.setattr(sys, "stderr", terminal := _Terminal())
+            translator.translate(["a b", "", "c d e"], progress=progress)
+            drawn = terminal.getvalue()
+            assert ("translating:" in drawn and "/2 [" in drawn) if progress else drawn == "", (path, drawn)

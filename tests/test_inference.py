@@ -53,8 +53,9 @@ def test_translate_keeps_line_alignment_and_handles_odd_input() -> None:
     texts = ["a b c", "", "h g f e d c b a a b", "   ", "ünïcödé ☃ a\tb", "e", "a b c d e f g h a b c d"]
     cfg = EvalConfig(beam_size=3, n_best=2, batch_size=2, max_len_a=1.0, max_len_b=2)
     truncated = r"1 input line\(s\) longer than 10 source tokens were truncated: line 7 \(12 tokens\)"
-    with pytest.warns(TruncationWarning, match=truncated):
+    with pytest.warns(TruncationWarning, match=truncated) as warned:
         out = translate(model, texts, src_tok, tgt_tok, cfg, "cpu", max_positions=10)
+    assert warned[0].filename == __file__, "the warning points at the caller's line, not into the library"
     assert model.training, "translate restores the training mode"
     assert len(out) == len(texts) and all(len(nbest) == 2 for nbest in out)
     assert out[1] == ["", ""] and out[3] == ["", ""]

@@ -93,14 +93,18 @@ def test_evaluate_and_translate_an_ensemble_of_the_run_with_itself(trained_run, 
 
 def test_translate_cli_keeps_line_alignment(trained_run, tmp_path):
     run_dir, _ = trained_run
-    text = "a b c\n\nd e f g\n\u00e9\u00e8 \u2603 \U0001F600\nh\n"
+    text = "a b c\n\nd e f g\n\u00e9\u00e8 \u2603 \U0001F600\nh\n" + "a " * 1030 + "\n"  # 1030 > 1024 positions
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "translate.py"), f"run_dir={run_dir}", "eval=greedy", "device=cpu"],
         input=text, capture_output=True, text=True, check=True, cwd=tmp_path,
     )
     lines = out.stdout.split("\n")[:-1]
-    assert len(lines) == 5 and lines[1] == ""
+    assert len(lines) == 6 and lines[1] == ""
     assert lines[0].split() == ["a", "b", "c"]
+    # the cut line is a log line of the app, not a Python warning pointing into its code
+    assert ("[WARNING] transformer.inference.translation: 1 input line(s) longer than 1024 source tokens were "
+            "truncated: line 6 (1030 tokens)\n") in out.stderr
+    assert "TruncationWarning" not in out.stderr and ".py:" not in out.stderr
 
 
 def test_translate_answers_each_line_typed_at_a_terminal_before_the_input_ends(trained_run, tmp_path):

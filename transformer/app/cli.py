@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -220,8 +221,24 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop by kill or a scheduler: as Ctrl-C
+    _log_own_warnings()
     if schema is not None:
         sweeps.refuse_a_bad_job(sys.argv[1:], Path(CONFIG_PATH), command, schema, check)
+
+
+def _log_own_warnings() -> None:
+    """Show this package's warnings (an input line cut to the model's length) as log lines, on the console and in
+    the run's log, instead of as Python's file, line and source; other packages' warnings as Python shows them."""
+    show = warnings.showwarning
+
+    def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                    line: str | None = None) -> None:
+        if category.__module__.startswith("transformer."):
+            logging.getLogger(category.__module__).warning("%s", message)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
 
 
 def _checked_source(cfg: DictConfig) -> Any:

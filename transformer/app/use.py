@@ -75,7 +75,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
     check_indices(cfg.attention, src, src_tok)  # before the test set is decoded
     if trained is None:
-        hypotheses = [nbest[0] for nbest in translator.translate(src)]
+        hypotheses = [nbest[0] for nbest in translator.translate(src, progress=True)]
         target_lang = translator.languages[1]
         scores = corpus_scores(hypotheses, refs, tokenized_lang=target_lang if cfg.eval.report_tokenized_bleu else None)
     else:
@@ -115,13 +115,16 @@ def translate(cfg: TranslateConfig) -> None:
         check_output_file(cfg.output, cfg.input, cfg.overwrite)  # before the work, not after it
     translate_lines: Callable[[list[str]], list[list[str]]]
     if cfg.export_dir is not None:
-        translate_lines = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval).translate
+        translator = Translator.load(cfg.export_dir, device=device, eval_cfg=cfg.eval)
+
+        def translate_lines(lines: list[str]) -> list[list[str]]:
+            return translator.translate(lines, progress=len(lines) > 1)  # no bar for one line
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
 
         def translate_lines(lines: list[str]) -> list[list[str]]:
             return translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
-                                   trained.model.max_positions, progress=len(lines) > 1)  # no bar for one line
+                                   trained.model.max_positions, progress=len(lines) > 1)
     if cfg.input is None and cfg.output is None and sys.stdin is not None and sys.stdin.isatty():
         translate_as_typed(translate_lines)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +34,16 @@ def score_texts(model: Transformer | Ensemble, src: list[str], refs: list[str], 
 
 class TruncationWarning(UserWarning):
     """Input lines were cut to the model's position limit (a server, which names them in each answer, ignores it)."""
+
+
+def outside_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by this function's caller point at the first line outside this
+    package: the program's own call, not the library function that passed the sentences on."""
+    package = Path(__file__).resolve().parents[1]
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and Path(frame.f_code.co_filename).resolve().is_relative_to(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
@@ -72,8 +83,7 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
     model.eval()
-    bar = tqdm(total=len(todo), unit="sent", desc="translating", disable=not (progress and sys.stderr.isatty()),
-               leave=False)
+    bar = progress_bar(len(todo), progress)
     try:
         with torch.inference_mode():
             batch_size = decode_batch_size(cfg, device)
@@ -89,18 +99,25 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     return outputs
 
 
+def progress_bar(sentences: int, progress: bool) -> tqdm:
+    """A bar counting translated sentences on stderr, shown when ``progress`` and stderr is a terminal; gone when
+    it closes."""
+    return tqdm(total=sentences, unit="sent", desc="translating", disable=not (progress and sys.stderr.isatty()),
+                leave=False)
+
+
 def encode_sources(texts: list[str], src_tok: Tokenizer, max_positions: int) -> list[list[int]]:
     """Source ids per line (empty for blank lines), cut to ``max_positions`` with a warning."""
     ids = [src_tok.encode(text) if text.strip() else [] for text in texts]
     too_long = [(line_no, len(seq)) for line_no, seq in enumerate(ids, start=1) if len(seq) > max_positions]
     if too_long and len(texts) == 1:  # a sentence alone (one typed at a terminal): no line number to give
         warnings.warn(f"the sentence has {too_long[0][1]} source tokens, more than the model's {max_positions}: "
-                      "it was truncated", TruncationWarning, stacklevel=3)
+                      "it was truncated", TruncationWarning, stacklevel=outside_stacklevel())
     elif too_long:
         shown = ", ".join(f"line {line_no} ({n} tokens)" for line_no, n in too_long[:10])
         more = f" and {len(too_long) - 10} more" if len(too_long) > 10 else ""
         warnings.warn(f"{len(too_long)} input line(s) longer than {max_positions} source tokens were truncated: "
-                      f"{shown}{more}", TruncationWarning, stacklevel=3)
+                      f"{shown}{more}", TruncationWarning, stacklevel=outside_stacklevel())
     return [seq[:max_positions] for seq in ids]
 
 

@@ -35,7 +35,7 @@ from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTo
 from transformer.inference.export import EXPORT_FILE, check_export_files, read_export_record
 from transformer.inference.loading import TrainedModel, load_model
 from transformer.inference.search import length_penalty, max_length
-from transformer.inference.translation import encode_sources, translate_hypotheses
+from transformer.inference.translation import encode_sources, progress_bar, translate_hypotheses
 from transformer.runtime import choose_device, decode_batch_size
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,8 @@ class Translator:
         """A translator for ``path``: a run directory or a checkpoint file (backend ``torch``) or an export
         directory (backend ``ctranslate2``; its ``export.json`` gives the search when ``eval_cfg`` is None).
         ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA where there is one). ``threads``: CTranslate2's
-        CPU threads, each decoding batches of its own on one core (0: up to 4, as many as there are cores);
-        PyTorch's are ``torch.set_num_threads``."""
+        CPU threads, each decoding batches of its own on one core (0: up to 4, as many as there are cores); with the
+        torch backend, above 0 it sets PyTorch's threads, for the whole process (``torch.set_num_threads``)."""
         if isinstance(threads, bool) or not isinstance(threads, int):
             raise TypeError(f"threads: must be an integer, got {threads!r}")
         if threads < 0:
@@ -103,6 +103,8 @@ class Translator:
         if is_export:
             return cls._load_export(path, device, eval_cfg, threads)
         trained = load_model(path if path.is_dir() else None, None if path.is_dir() else path, [], device)
+        if threads:
+            torch.set_num_threads(threads)
         return cls.from_trained(trained, eval_cfg)
 
     @classmethod
@@ -150,15 +152,17 @@ class Translator:
         return cls("ctranslate2", src_tok, tgt_tok, eval_cfg, int(info["model"]["max_positions"]), data, languages,
                    path, ct2=ct2, device=str(device))
 
-    def translate(self, sentences: Iterable[str], beam_size: int | None = None,
-                  n_best: int | None = None) -> list[list[str]]:
+    def translate(self, sentences: Iterable[str], beam_size: int | None = None, n_best: int | None = None, *,
+                  progress: bool = False) -> list[list[str]]:
         """``n_best`` translations of each sentence, best first (a blank sentence gives empty strings)."""
-        return [[t.text for t in nbest] for nbest in self.translate_scored(sentences, beam_size, n_best)]
+        return [[t.text for t in nbest] for nbest in self.translate_scored(sentences, beam_size, n_best,
+                                                                           progress=progress)]
 
-    def translate_scored(self, sentences: Iterable[str], beam_size: int | None = None,
-                         n_best: int | None = None) -> list[list[Translation]]:
+    def translate_scored(self, sentences: Iterable[str], beam_size: int | None = None, n_best: int | None = None, *,
+                         progress: bool = False) -> list[list[Translation]]:
         """``n_best`` :class:`Translation` s of each sentence, best first (a blank sentence: empty, score 0).
         ``beam_size`` and ``n_best`` not given: the translator's (``eval``), ``n_best`` at most ``beam_size``.
+        ``progress``: a bar counting the translated sentences on stderr, when it is a terminal.
 
         Sentences are sorted by length and decoded ``eval.batch_size`` at a time (64 on a CPU, 512 on a GPU).
         """
@@ -187,14 +191,14 @@ class Translator:
         cfg = replace(self.eval, beam_size=beam_size, n_best=n_best)
         if self._trained is not None:
             found = translate_hypotheses(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg,
-                                         self.device, self.max_positions)
+                                         self.device, self.max_positions, progress)
             return [[self._translation(h.tokens, h.score) for h in nbest] for nbest in found]
-        return self._translate_ct2(sentences, cfg)
+        return self._translate_ct2(sentences, cfg, progress)
 
     def _translation(self, ids: list[int], score: float) -> Translation:
         return Translation(self.tgt_tok.decode(ids), score, tuple(self.tgt_tok.id_to_piece(i) for i in ids))
 
-    def _translate_ct2(self, sentences: list[str], cfg: EvalConfig) -> list[list[Translation]]:
+    def _translate_ct2(self, sentences: list[str], cfg: EvalConfig, progress: bool) -> list[list[Translation]]:
         """Sentences grouped by their hypothesis length limit (CTranslate2 takes one per call)."""
         greedy = cfg.beam_size == 1
         if not greedy:
@@ -217,16 +221,24 @@ class Translator:
             return_end_token=True, return_scores=True, max_batch_size=decode_batch_size(cfg, self.device),
             asynchronous=True)) for limit, indices in groups.items()]
         eos = self.tgt_tok.id_to_piece(self.tgt_tok.eos_id)
-        for indices, results in pending:
-            for i, result in zip(indices, (r.result() for r in results)):
-                out[i] = []
-                for hypothesis, score in zip(result.hypotheses, result.scores):
-                    ended = bool(hypothesis) and hypothesis[-1] == eos
-                    pieces = hypothesis[:-1] if ended else hypothesis
-                    if greedy:
-                        score /= length_penalty(max(len(pieces) + ended, 1), cfg.length_penalty, cfg.length_norm)
-                    out[i].append(self._translation([self._target_ids[p] for p in pieces], score))
+        with progress_bar(sum(len(indices) for indices, _ in pending), progress) as bar:
+            for indices, results in pending:
+                for i, result in zip(indices, (r.result() for r in results)):
+                    out[i] = self._hypotheses(result, eos, greedy, cfg)
+                    bar.update()
         return out
+
+    def _hypotheses(self, result: Any, eos: str, greedy: bool, cfg: EvalConfig) -> list[Translation]:
+        """The :class:`Translation` s of one CTranslate2 result (its end token dropped, a greedy score divided
+        here as this app's search divides it)."""
+        hypotheses = []
+        for hypothesis, score in zip(result.hypotheses, result.scores):
+            ended = bool(hypothesis) and hypothesis[-1] == eos
+            pieces = hypothesis[:-1] if ended else hypothesis
+            if greedy:
+                score /= length_penalty(max(len(pieces) + ended, 1), cfg.length_penalty, cfg.length_norm)
+            hypotheses.append(self._translation([self._target_ids[p] for p in pieces], score))
+        return hypotheses
 
     def search_differences(self, cfg: EvalConfig | None = None) -> list[str]:
         """Where a beam search with ``cfg`` (default: the translator's) differs from this app's own: nothing for

@@ -674,6 +674,52 @@ def test_the_explorer_works_by_keyboard_alone(served, run_dir, browser):
     page.close()
 
 
+def test_the_heat_map_is_explored_by_keyboard_as_by_pointer(served, run_dir, browser):
+    url, _ = served
+    lines = sentences(run_dir)[:2]
+    page = browser.new_page()
+    problems = _watch(page)
+    page.goto(url)
+    _translate(page, lines)
+    page.locator("#results button").first.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector("table.heatmap")
+    pieces = httpx.post(f"{url}/translate", json={"text": lines[:1]}).json()["translations"][0][0]["pieces"]
+    maps = httpx.post(f"{url}/attention", json={"source": lines[0], "target_pieces": pieces}).json()
+    page.select_option("#head", "0")
+    page.wait_for_selector("table.heatmap caption:has-text('layer 0, head 0')")
+    weights = maps["cross"][0][0]  # (target pieces, source pieces)
+    focused = "e => [e.tagName, e.dataset.row, e.dataset.col]"
+
+    def press(key: str) -> list:
+        page.keyboard.press(key)
+        return page.evaluate(f"({focused})(document.activeElement)")
+
+    page.focus("#head")
+    assert press("Tab") == ["TD", "0", "0"]  # into the map at its first cell, marked as a click marks it
+    assert page.inner_text(".readout") == f"{maps['target_pieces'][0]} → {maps['source_pieces'][0]}: " \
+                                          f"{weights[0][0]:.3f}"
+    assert press("ArrowLeft") == ["TH", "0", None]  # the row's piece: the keys it attends to most
+    assert _marked(page) == sorted((0, k) for k in _top(weights[0]))
+    assert press("ArrowLeft") == ["TH", "0", None] and press("ArrowUp") == ["TH", "0", None]  # the map's edge
+    if len(weights) > 1:
+        assert press("ArrowDown") == ["TH", "1", None]
+        assert _marked(page) == sorted((1, k) for k in _top(weights[1]))
+        press("ArrowUp")
+    assert press("ArrowRight") == ["TD", "0", "0"] and press("ArrowUp") == ["TH", None, "0"]  # a column's piece
+    assert _marked(page) == sorted((q, 0) for q in _top([row[0] for row in weights]))
+    last = str(len(maps["source_pieces"]) - 1)
+    assert press("End") == ["TH", None, last] and press("ArrowLeft" if last != "0" else "End")[0] == "TH"
+    assert press("Home") == ["TH", None, "0"] and press("ArrowDown") == ["TD", "0", "0"]
+    assert press("Home") == ["TH", "0", None]
+    press("Escape")  # the marks go, the focus stays
+    assert page.locator("table.heatmap .hovered, table.heatmap .strongest").count() == 0
+    assert page.inner_text(".readout").strip() == ""
+    assert press("Shift+Tab") == ["SELECT", None, None] and press("Tab") == ["TH", "0", None]  # back where it left
+    assert page.locator("table.heatmap [tabindex='0']").count() == 1 and problems == []
+    page.close()
+
+
 def test_the_explorer_on_a_phone_marks_no_masked_weight_and_a_tap_does_what_hover_does(served, run_dir, browser):
     url, _ = served
     context = browser.new_context(viewport={"width": 390, "height": 844}, has_touch=True)

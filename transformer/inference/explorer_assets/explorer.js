@@ -113,7 +113,7 @@ function drawMap(view, maps, kindName, layer, head) {
   const what = head === "mean" ? `mean of ${heads} heads` : `head ${head}`;
 
   const describe = `${kind.label}, layer ${layer}, ${what}: rows are ${kind.rowAxis}, columns ${kind.colAxis}`;
-  const table = element("table", { class: "heatmap", "data-kind": kindName, "data-max": largest });
+  const table = element("table", { class: "heatmap", role: "grid", "data-kind": kindName, "data-max": largest });
   table.append(element("caption", {}, describe));
   const headRow = element("tr");
   // The corner names the axes (the caption says the same to a screen reader).
@@ -122,7 +122,7 @@ function drawMap(view, maps, kindName, layer, head) {
     element("span", {}, `queries: ${kind.rows.split("_")[0]} ↓`));
   headRow.append(corner);
   const colHeads = cols.map((piece, k) => {
-    const th = element("th", { scope: "col", "data-col": k });
+    const th = element("th", { scope: "col", "data-col": k, tabindex: -1 });
     th.append(element("span", {}, piece));
     return th;
   });
@@ -133,10 +133,10 @@ function drawMap(view, maps, kindName, layer, head) {
   const rowHeads = [];
   const cells = weights.map((row, q) => {
     const tr = element("tr");
-    rowHeads.push(element("th", { scope: "row", "data-row": q }, rows[q]));
+    rowHeads.push(element("th", { scope: "row", "data-row": q, tabindex: -1 }, rows[q]));
     tr.append(rowHeads[q]);
     const line = row.map((weight, k) => {
-      const cell = element("td", { "data-row": q, "data-col": k, "data-weight": weight,
+      const cell = element("td", { "data-row": q, "data-col": k, "data-weight": weight, tabindex: -1,
         title: `${rows[q]} → ${cols[k]}: ${weight.toFixed(3)}` });
       cell.style.background = `rgba(${COLOUR}, ${largest > 0 ? (weight / largest).toFixed(3) : 0})`;
       return cell;
@@ -193,6 +193,44 @@ function drawMap(view, maps, kindName, layer, head) {
   });
   table.addEventListener("mouseleave", () => (pinned ? mark(pinned) : clear()));
 
+  // The keyboard: Tab enters the map at one piece or cell (the last one focused), the arrow keys move between the
+  // row pieces, the column pieces and the cells, Home and End go to a line's ends; the focused one is marked as a
+  // click marks it, and Escape takes the marks away. Row piece q is at column -1, column piece k at row -1.
+  const at = (q, k) => (k < 0 ? rowHeads[q] : q < 0 ? colHeads[k] : cells[q][k]);
+  let current = cells.length && cols.length ? cells[0][0] : null;
+  if (current) current.tabIndex = 0;
+  const moves = {
+    ArrowLeft: (q, k) => [q, Math.max(k - 1, q < 0 ? 0 : -1)],
+    ArrowRight: (q, k) => [q, Math.min(k + 1, cols.length - 1)],
+    ArrowUp: (q, k) => [Math.max(q - 1, k < 0 ? 0 : -1), k],
+    ArrowDown: (q, k) => [Math.min(q + 1, rows.length - 1), k],
+    Home: (q, k) => [q, q < 0 ? 0 : -1],
+    End: (q, k) => [q, cols.length - 1],
+  };
+  table.addEventListener("keydown", (event) => {
+    const target = markable(event);
+    if (!target) return;
+    if (event.key === "Escape") {
+      pinned = null;
+      clear();
+      return;
+    }
+    if (!moves[event.key]) return;
+    event.preventDefault(); // the arrows move the focus, not the scroll
+    const q = target.dataset.row === undefined ? -1 : Number(target.dataset.row);
+    const k = target.dataset.col === undefined ? -1 : Number(target.dataset.col);
+    at(...moves[event.key](q, k)).focus();
+  });
+  table.addEventListener("focusin", (event) => {
+    const target = markable(event);
+    if (!target) return;
+    if (current) current.tabIndex = -1;
+    current = target;
+    current.tabIndex = 0;
+    pinned = target;
+    mark(target);
+  });
+
   const wrap = element("div", { class: "heatmap-wrap" });
   wrap.append(table);
   const max = largest.toFixed(3);
@@ -204,7 +242,8 @@ function drawMap(view, maps, kindName, layer, head) {
   const legend = element("p", { class: "legend" }, `Hover or tap a row piece to mark the ${TOP_K} keys it ` +
     `attends to most, a column piece for the ${TOP_K} queries that attend to it most, a cell for its weight ` +
     "(weights of 0, such as future positions in decoder self-attention, are never marked). A click or tap keeps " +
-    "its marks.");
+    "its marks. By keyboard: Tab into the map, then the arrow keys (Home, End) move between pieces and cells; " +
+    "Escape clears the marks.");
   const caption = element("p", { class: "map-caption", "aria-hidden": "true" }, describe); // the caption, shown
   view.replaceChildren(scale, caption, wrap, readout, legend);
 }

@@ -211,8 +211,9 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     log.info("model: %.2fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
 
     tracker = Tracker(run.tensorboard, enabled=dist.is_main)
-    validate = make_validator(valid_src, valid_ref, src_tok, tgt_tok, training=cfg.training, eval_cfg=cfg.eval,
-                              max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
+    validate = (make_validator(valid_src, valid_ref, src_tok, tgt_tok, training=cfg.training, eval_cfg=cfg.eval,
+                               max_positions=cfg.model.max_positions, device=dist.device, tracker=tracker)
+                if dist.is_main else _validated_on_rank_0)  # the split's batches are built where they are used
     trainer = build_trainer(cfg, model, src_tok, tgt_tok, train_set, dist, tracker, run.root, validate, recipe)
     if resumed is not None:
         take_up_history(resumed, resumed_path, CheckpointManager(run.checkpoints, cfg.training.keep_last), dist)
@@ -226,6 +227,10 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
         tracker.hparams(_hparams(cfg), {k: v for k, v in metrics.items() if isinstance(v, float)})
     tracker.close()
     return metrics
+
+
+def _validated_on_rank_0(model: torch.nn.Module, step: int) -> dict[str, float]:
+    raise RuntimeError("validation runs on rank 0 only; the other ranks receive its metrics")
 
 
 def build_trainer(cfg: TrainConfig, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer,

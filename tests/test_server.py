@@ -379,7 +379,7 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
     assert httpx.get(f"{url}/translate").headers["allow"] == "POST"
 
 
-def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpoint(run_dir, tmp_path):
+def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpoint(run_dir, tmp_path, caplog):
     pytest.importorskip("ctranslate2")
     from transformer.inference.export import export
     from transformer.inference.loading import load_trained
@@ -389,6 +389,7 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
     out = export(load_trained(checkpoint, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
     cfg = ServeConfig(export_dir=str(out), eval=BEAM, device="cpu")
     app = server.create_app(server.load_served_model(cfg), cfg)
+    assert "attention" not in caplog.text
     lines = sentences(run_dir)[:10]
     with server.serving_in_background(app) as url:
         _same(_pairs(httpx.post(f"{url}/translate", json={"text": lines}).json()), expected(run_dir, lines))
@@ -399,13 +400,40 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
     assert gnmt.info["eval"]["length_norm"] == "gnmt" and gnmt.info["search_differences"] == [  # said, not hidden
         "eval.length_norm=gnmt has no CTranslate2 counterpart: its beam search (beam_size > 1) normalises by length "
         "(average) instead"]
+    with checkpoint.open("ab") as changed:  # trained on since the export: said when the server starts
+        changed.write(b"\0")
+    server.load_served_model(cfg)
+    assert caplog.messages[-1] == (f"no attention maps (/attention answers 503): attention maps need the export's "
+                                   f"source checkpoint, but {checkpoint} changed since the export")
     checkpoint.unlink()  # without its source checkpoint an export still translates; attention says why not
     app = server.create_app(server.load_served_model(cfg), cfg)
+    assert caplog.messages[-1].startswith("no attention maps (/attention answers 503): attention maps need this "
+                                          "app's model: the export's source checkpoint")
     with server.serving_in_background(app) as url:
         assert httpx.post(f"{url}/translate", json={"text": lines[0]}).status_code == 200
         refused = httpx.post(f"{url}/attention", json={"source": lines[0]})
         assert refused.status_code == 503 and refused.json()["field"] == "attention"
         assert "the export's source checkpoint" in refused.json()["error"]
+
+
+def test_an_exports_attention_without_a_target_is_drawn_on_the_translation_it_serves(run_dir, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from transformer.inference.attention_maps import translation_ids
+    from transformer.inference.export import export
+    from transformer.inference.loading import load_trained
+
+    trained = load_trained(run_dir / "checkpoints" / "final.pt", torch.device("cpu"))
+    out = export(trained, tmp_path / "exported", "none", {"beam_size": 3})
+    # GNMT normalisation, which CTranslate2 does as average: the two searches may part
+    cfg = ServeConfig(export_dir=str(out), eval=EvalConfig(beam_size=3, length_penalty=2.0), device="cpu")
+    lines = sentences(run_dir)[:40]
+    own = [[trained.tgt_tok.id_to_piece(i) for i in ids] for ids in translation_ids(trained, lines, cfg.eval)]
+    with server.serving_in_background(server.create_app(server.load_served_model(cfg), cfg)) as url:
+        served = [nbest[0]["pieces"] for nbest in
+                  httpx.post(f"{url}/translate", json={"text": lines}).json()["translations"]]
+        drawn = [httpx.post(f"{url}/attention", json={"source": line}).json()["target_pieces"] for line in lines]
+    assert drawn == [pieces + ["</s>"] for pieces in served]  # the rows: what /translate answered, then EOS
+    assert served != own, "the toy model's two searches agree on every line: the test would pass either way"
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])

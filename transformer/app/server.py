@@ -111,6 +111,8 @@ def load_served_model(cfg: ServeConfig) -> Model:
             attention, missing = load_trained(source, device), ""
         elif source.is_file():
             missing = f"attention maps need the export's source checkpoint, but {source} changed since the export"
+        if attention is None:  # said at the start, not first by a 503 to the explorer or a client
+            log.warning("no attention maps (/attention answers 503): %s", missing)
     info = {
         "source_language": translator.languages[0], "target_language": translator.languages[1],
         "backend": translator.backend, "checkpoint": str(translator.source), "checkpoint_sha256": sha,
@@ -131,6 +133,9 @@ class Service:
         self.model, self.cfg, self.translator = model, cfg, model.translator
         self.batcher = Batcher(self._decode, batching=cfg.batching, max_wait_s=cfg.max_wait_ms / 1000,
                                batch_tokens=cfg.batch_tokens)
+        # The attention model's target vocabulary, piece -> id (that of the export, which was made from it).
+        self.target_ids = ({piece: i for i, piece in enumerate(model.attention.tgt_tok.pieces())}
+                           if model.attention is not None else {})
 
     def _decode(self, sentences: list[str], beam_size: int, n_best: int) -> list[list[Translation]]:
         return self.translator.translate_scored(sentences, beam_size=beam_size, n_best=n_best)
@@ -187,8 +192,8 @@ class Service:
 
         def maps() -> dict[str, Any]:
             ids = target_ids
-            if ids is None:  # the model's own translation, as the ids it generates
-                ids = translation_ids(trained, [source], self.translator.eval)[0]
+            if ids is None:  # the translation /translate answers (the export's, for an export), as generated ids
+                ids = self._own_translation(source, trained)
             lengths = (("source", len(trained.src_tok.encode(source))), ("target", len(ids)))
             warnings = [f"{name}: {n} tokens, cut to {limit} for the maps (max_attention_tokens)"
                         for name, n in lengths if n > limit]
@@ -196,8 +201,15 @@ class Service:
 
         return await self.batcher.run(maps)  # on the decoding thread: the model's, and the JSON is large
 
-    @staticmethod
-    def _target_pieces(body: dict[str, Any], tgt_tok: Tokenizer) -> list[int] | None:
+    def _own_translation(self, source: str, trained: TrainedModel) -> list[int]:
+        """The ids of the served model's best translation of ``source`` with the server's search: the PyTorch
+        model's, or for an export CTranslate2's, whose pieces the source checkpoint's vocabulary holds."""
+        if self.translator.backend == "torch":
+            return translation_ids(trained, [source], self.translator.eval)[0]
+        best = self.translator.translate_scored([source], n_best=1)[0][0]
+        return [self.target_ids[piece] for piece in best.pieces]
+
+    def _target_pieces(self, body: dict[str, Any], tgt_tok: Tokenizer) -> list[int] | None:
         """``target_pieces``, the target as pieces of the model's vocabulary (those ``/translate`` returns), as
         ids; None when not given."""
         pieces = body.get("target_pieces")
@@ -205,13 +217,12 @@ class Service:
             return None
         if not isinstance(pieces, list) or not all(isinstance(piece, str) for piece in pieces):
             raise RequestError(422, "target_pieces", "must be a list of strings: pieces of the model's vocabulary")
-        vocabulary = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
         specials = {tgt_tok.id_to_piece(i) for i in (tgt_tok.pad_id, tgt_tok.bos_id, tgt_tok.eos_id)}
         for i, piece in enumerate(pieces):
-            if piece not in vocabulary or piece in specials:
+            if piece not in self.target_ids or piece in specials:
                 raise RequestError(422, f"target_pieces[{i}]", f"{piece!r} is not a piece of the model's target "
                                    "vocabulary (BOS, EOS and padding are added by the server)")
-        return [vocabulary[piece] for piece in pieces]
+        return [self.target_ids[piece] for piece in pieces]
 
 
 def create_app(model: Model, cfg: ServeConfig) -> FastAPI:

@@ -514,3 +514,23 @@ def test_every_command_config_says_what_its_command_does() -> None:
         header = yaml.safe_load(path.read_text())["hydra"]["help"]["header"]
         assert header.startswith(f"transformer-{path.stem.replace('_', '-')}: "), path
         assert f"\nUsage:\n  transformer-{path.stem.replace('_', '-')}" in header, path
+
+
+def test_python_m_transformer_lists_every_console_command_and_names_a_misspelt_one(tmp_path):
+    import tomllib
+
+    from transformer.__main__ import COMMANDS
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {f"transformer-{name}": f"{entry.__module__}:{entry.__name__}" for name, (entry, _) in COMMANDS.items()} \
+        == scripts  # the same commands as the installed scripts, each the same function
+    listed = subprocess.run([sys.executable, "-m", "transformer", "--help"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stderr == ""
+    assert [line.split()[0] for line in listed.stdout.splitlines() if line.startswith("  ")] == list(COMMANDS)
+    bare = subprocess.run([sys.executable, "-m", "transformer"], capture_output=True, text=True, cwd=tmp_path)
+    assert bare.returncode == 2 and bare.stdout == "" and bare.stderr == listed.stdout
+    wrong = subprocess.run([sys.executable, "-m", "transformer", "trian"], capture_output=True, text=True,
+                           cwd=tmp_path)
+    assert (wrong.returncode, wrong.stderr) == (1, "python -m transformer: no command 'trian'; did you mean train? "
+                                                   "(--help lists them)\n")

@@ -201,7 +201,9 @@ def test_the_command_exports_what_plain_ctranslate2_translates_as_transformer_tr
 
     command("-m", "transformer", "train", *TOY, *OPTIONS["sentencepiece_shared"], f"data.dir={toy_corpus}",
             "data.cache_dir=cache", "hydra.run.dir=run")
-    command("-m", "transformer", "export", "run_dir=run", "out_dir=exported", "eval=greedy")
+    said = command("-m", "transformer", "export", "run_dir=run", "out_dir=exported", "eval=greedy").stdout
+    assert said == ("exported run/checkpoints/final.pt to exported (quantization=none); "
+                    "transformer-translate export_dir=exported uses it\n")
     source = (toy_corpus / "test.src").read_text() + "\n"  # and a blank line
     ours = command("-m", "transformer", "translate", "run_dir=run", "eval=greedy", input=source).stdout
     plain = command(str(REPO / "scripts" / "translate_with_ctranslate2.py"), "exported", input=source).stdout

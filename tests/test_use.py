@@ -25,11 +25,14 @@ from transformer.inference.metrics import corpus_scores
 from transformer.training.checkpoints import save_checkpoint
 
 
-def test_evaluate_scores_and_dumps_attention(trained_run, compose_config, tmp_path):
+def test_evaluate_scores_and_dumps_attention(trained_run, compose_config, tmp_path, caplog):
     run_dir, metrics = trained_run
     cfg = compose_config("evaluate", [f"run_dir={run_dir}", "eval=greedy", f"output_dir={tmp_path}",
                                       "attention.indices=[0]", "attention.on_reference=true"])
-    result = use.evaluate(OmegaConf.to_object(cfg))
+    with caplog.at_level(logging.INFO, logger="transformer.app.use"):
+        result = use.evaluate(OmegaConf.to_object(cfg))
+    assert caplog.messages[-1] == f"wrote hypotheses.txt, metrics.json, tensorboard/, attention/ in {tmp_path}"
+    assert all((tmp_path / name).exists() for name in ("hypotheses.txt", "metrics.json", "tensorboard", "attention"))
     assert result["bleu"] == pytest.approx(metrics["test_bleu"], abs=1e-6)  # same weights, same greedy search
     pngs = sorted(p.name for p in (tmp_path / "attention").glob("*.png"))
     assert "test0_hyp_cross_layer0.png" in pngs and "test0_ref_alignment.png" in pngs
@@ -56,6 +59,18 @@ def test_evaluate_scores_another_split_of_the_corpus(trained_run, compose_config
                                       f"src_file={run_dir.parent / 'toy' / 'val.src'}", "ref_file=missing.tgt"])
     with pytest.raises(ConfigError, match=r"^ref_file: missing\.tgt is not a file$"):
         use.evaluate(OmegaConf.to_object(cfg))
+
+
+def test_evaluate_warns_of_blank_lines_in_the_files_it_scores(trained_run, compose_config, tmp_path, caplog):
+    run_dir, _ = trained_run
+    (tmp_path / "in.src").write_text("a b c\nd e\n \nf g\n", encoding="utf-8")
+    (tmp_path / "in.ref").write_text("a b c\n\nh\nf g\n", encoding="utf-8")
+    cfg = compose_config("evaluate", [f"run_dir={run_dir}", "eval=greedy", f"output_dir={tmp_path / 'out'}",
+                                      f"src_file={tmp_path / 'in.src'}", f"ref_file={tmp_path / 'in.ref'}"])
+    with caplog.at_level(logging.WARNING):
+        assert use.evaluate(OmegaConf.to_object(cfg))["n_sentences"] == 4  # scored as they are
+    assert f"{tmp_path / 'in.src'} / {tmp_path / 'in.ref'}: 2 line(s) with an empty side (2, 3), scored as they " \
+           "are" in caplog.text
 
 
 def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_config, tmp_path):

@@ -25,7 +25,7 @@ from transformer.app.translate_io import (
 )
 from transformer.config import ConfigError, to_plain_dict
 from transformer.data.corpus import DataError, read_parallel
-from transformer.data.splits import load_split
+from transformer.data.splits import load_split, warn_of_empty_sides
 from transformer.data.tokenizer import Tokenizer
 from transformer.inference.attention_maps import check_indices, dump_attention
 from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
@@ -59,6 +59,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         data, src_tok, tgt_tok, source = trained.config.data, trained.src_tok, trained.tgt_tok, trained.path
     if cfg.src_file is not None:
         src, refs = read_parallel(cfg.src_file, cfg.ref_file)
+        warn_of_empty_sides(src, refs, (cfg.src_file, cfg.ref_file))
         name = Path(cfg.src_file).name
     elif data is None:
         raise ConfigError(f"export_dir: {cfg.export_dir} records no corpus (an export from before version 0.9): "
@@ -93,6 +94,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         dump_attention(cfg.attention, trained, cfg.eval, src, refs, out / "attention", tracker.writer)
     tracker.close()
     log.info("%s: %s", name, scores)  # on the console, and in the run's evaluate.log
+    written = ["hypotheses.txt", "metrics.json", "tensorboard/"] + ["attention/"] * (out / "attention").is_dir()
+    log.info("wrote %s in %s", ", ".join(written), out)
     return metrics
 
 
@@ -140,7 +143,8 @@ def export(cfg: ExportConfig) -> None:
     decoding = {key: value for key, value in to_plain_dict(cfg.eval).items()
                 if key in ("beam_size", "length_norm", "length_penalty", "max_len_a", "max_len_b")}
     out = export_model(trained, cfg.out_dir, cfg.quantization.value, decoding)
-    print(f"exported {trained.path} to {out} ({cfg.quantization.value})")
+    print(f"exported {trained.path} to {out} (quantization={cfg.quantization.value}); "
+          f"transformer-translate export_dir={out} uses it")
 
 
 def average(paths: list[str], out: str) -> None:

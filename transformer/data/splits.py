@@ -212,11 +212,20 @@ def prepare_multi30k(
         ``target_dir`` as a Path.
     """
     target = Path(target_dir)
+    made = [folder for folder in (target, *target.parents) if not folder.exists()]  # the innermost first
     target.mkdir(parents=True, exist_ok=True)
     source = Path(source_dir) if source_dir else None
-    for split in splits:
-        for lang in langs:
-            _fetch_multi30k_file(f"{split}.{lang}.gz", target, source, base_url, timeout)
+    try:
+        for split in splits:
+            for lang in langs:
+                _fetch_multi30k_file(f"{split}.{lang}.gz", target, source, base_url, timeout)
+    except BaseException:  # a folder made for files that never came is not left behind
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: something else is in it, or some files came
+                break
+        raise
     return target
 
 
@@ -281,10 +290,15 @@ def load_split(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
         src, tgt = src[: cfg.max_pairs], tgt[: cfg.max_pairs]
     src, tgt = [normalize_space(s) for s in src], [normalize_space(t) for t in tgt]
     if split != cfg.train_split:  # training drops such pairs (and counts them); a scored split keeps every line
-        empty = [line for line, pair in enumerate(zip(src, tgt), start=1) if not all(pair)]
-        if empty:
-            shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-            logger.warning("%s / %s: %d line(s) with an empty side (%s), scored as they are (an empty source "
-                           "translates to an empty line; an empty reference is scored as empty)", *paths, len(empty),
-                           shown)
+        warn_of_empty_sides(src, tgt, paths)
     return src, tgt
+
+
+def warn_of_empty_sides(src: list[str], tgt: list[str], paths: tuple[str | Path, str | Path]) -> None:
+    """Warn, naming the lines, of pairs to be scored whose source or reference is blank."""
+    empty = [line for line, (s, t) in enumerate(zip(src, tgt), start=1) if not (s.strip() and t.strip())]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+        logger.warning("%s / %s: %d line(s) with an empty side (%s), scored as they are (an empty source "
+                       "translates to an empty line; an empty reference is scored as empty)", *paths, len(empty),
+                       shown)

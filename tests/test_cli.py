@@ -534,3 +534,23 @@ def test_python_m_transformer_lists_every_console_command_and_names_a_misspelt_o
                            cwd=tmp_path)
     assert (wrong.returncode, wrong.stderr) == (1, "python -m transformer: no command 'trian'; did you mean train? "
                                                    "(--help lists them)\n")
+
+
+def test_the_commands_log_the_apps_warnings_and_leave_other_warnings_as_python_shows_them(caplog):
+    import warnings
+
+    from transformer.inference.translation import TruncationWarning
+
+    with warnings.catch_warnings(record=True) as shown:  # what Python shows, recorded; restored afterwards
+        warnings.simplefilter("always")
+        cli._log_own_warnings()
+        installed = warnings.showwarning
+        cli._log_own_warnings()
+        assert warnings.showwarning is installed  # installed once, not wrapped again
+        with caplog.at_level(logging.WARNING):
+            warnings.warn("a line was cut", TruncationWarning)
+            warnings.warn("another package's warning", DeprecationWarning)
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [("transformer.inference.translation",
+                                                                   "a line was cut")]
+    assert [(w.category, str(w.message), w.filename) for w in shown] == [
+        (DeprecationWarning, "another package's warning", __file__)]  # with its file and line, as Python shows it

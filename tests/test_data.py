@@ -316,10 +316,11 @@ def test_a_source_dir_that_does_not_exist_is_refused_not_downloaded_around(tmp_p
     assert not (tmp_path / "target").exists()  # no folder is left that was made for files that never came
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "notes.txt").write_text("kept")
-    for target in (tmp_path / "new" / "multi30k", tmp_path / "data" / "multi30k"):
+    (tmp_path / "empty").mkdir()  # there before, empty: kept, also when named through a folder that is not there
+    for target in (tmp_path / "new" / "multi30k", tmp_path / "data" / "multi30k", tmp_path / "new" / ".." / "empty"):
         with pytest.raises(DataError, match="directory not found"):
             prepare_multi30k(target, langs=("en",), splits=("val",), source_dir=tmp_path / "nowhere")
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["data", "data/notes.txt"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["data", "data/notes.txt", "empty"]
 
 
 def test_a_split_multi30k_lacks_is_refused_naming_those_it_has(tmp_path):

@@ -416,7 +416,8 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
         assert "the export's source checkpoint" in refused.json()["error"]
 
 
-def test_an_exports_attention_without_a_target_is_drawn_on_the_translation_it_serves(run_dir, tmp_path):
+@pytest.mark.parametrize("n_best", [1, 2])  # CTranslate2's beam search runs until it holds n_best: its best may differ
+def test_an_exports_attention_without_a_target_is_drawn_on_the_translation_it_serves(run_dir, tmp_path, n_best):
     pytest.importorskip("ctranslate2")
     from transformer.inference.attention_maps import translation_ids
     from transformer.inference.export import export
@@ -425,7 +426,8 @@ def test_an_exports_attention_without_a_target_is_drawn_on_the_translation_it_se
     trained = load_trained(run_dir / "checkpoints" / "final.pt", torch.device("cpu"))
     out = export(trained, tmp_path / "exported", "none", {"beam_size": 3})
     # GNMT normalisation, which CTranslate2 does as average: the two searches may part
-    cfg = ServeConfig(export_dir=str(out), eval=EvalConfig(beam_size=3, length_penalty=2.0), device="cpu")
+    cfg = ServeConfig(export_dir=str(out), eval=EvalConfig(beam_size=3, n_best=n_best, length_penalty=2.0),
+                      device="cpu")
     lines = sentences(run_dir)[:40]
     own = [[trained.tgt_tok.id_to_piece(i) for i in ids] for ids in translation_ids(trained, lines, cfg.eval)]
     with server.serving_in_background(server.create_app(server.load_served_model(cfg), cfg)) as url:
@@ -740,6 +742,7 @@ def test_the_heat_map_is_explored_by_keyboard_as_by_pointer(served, run_dir, bro
     assert press("End") == ["TH", None, last] and press("ArrowLeft" if last != "0" else "End")[0] == "TH"
     assert press("Home") == ["TH", None, "0"] and press("ArrowDown") == ["TD", "0", "0"]
     assert press("Home") == ["TH", "0", None]
+    assert press("Control+End") == ["TH", "0", None]  # a key with a modifier is the browser's, not the map's
     press("Escape")  # the marks go, the focus stays
     assert page.locator("table.heatmap .hovered, table.heatmap .strongest").count() == 0
     assert page.inner_text(".readout").strip() == ""

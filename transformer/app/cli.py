@@ -230,14 +230,17 @@ def _log_own_warnings() -> None:
     """Show this package's warnings (an input line cut to the model's length) as log lines, on the console and in
     the run's log, instead of as Python's file, line and source; other packages' warnings as Python shows them."""
     show = warnings.showwarning
+    if getattr(show, "logs_own_warnings", False):  # installed already
+        return
 
     def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
                     line: str | None = None) -> None:
-        if category.__module__.startswith("transformer."):
+        if category.__module__.split(".")[0] == "transformer":
             logging.getLogger(category.__module__).warning("%s", message)
         else:
             show(message, category, filename, lineno, file, line)
 
+    showwarning.logs_own_warnings = True  # type: ignore[attr-defined]
     warnings.showwarning = showwarning
 
 

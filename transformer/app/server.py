@@ -206,7 +206,8 @@ class Service:
         model's, or for an export CTranslate2's, whose pieces the source checkpoint's vocabulary holds."""
         if self.translator.backend == "torch":
             return translation_ids(trained, [source], self.translator.eval)[0]
-        best = self.translator.translate_scored([source], n_best=1)[0][0]
+        best = self.translator.translate_scored([source])[0][0]  # the n_best /translate asks for: CTranslate2's
+        # beam search runs until it holds that many, so its best can depend on it
         return [self.target_ids[piece] for piece in best.pieces]
 
     def _target_pieces(self, body: dict[str, Any], tgt_tok: Tokenizer) -> list[int] | None:

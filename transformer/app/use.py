@@ -90,12 +90,11 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     files.write_json(out / "metrics.json", metrics)
     tracker = Tracker(out / "tensorboard", enabled=True)
     tracker.scalars(scores.scalars("test/"), step=0)
-    if trained is not None:
-        dump_attention(cfg.attention, trained, cfg.eval, src, refs, out / "attention", tracker.writer)
+    drawn = dump_attention(cfg.attention, trained, cfg.eval, src, refs, out / "attention", tracker.writer) \
+        if trained is not None else []
     tracker.close()
     log.info("%s: %s", name, scores)  # on the console, and in the run's evaluate.log
-    written = ["hypotheses.txt", "metrics.json", "tensorboard/"] + ["attention/"] * (out / "attention").is_dir()
-    log.info("wrote %s in %s", ", ".join(written), out)
+    log.info("wrote hypotheses.txt, metrics.json, tensorboard/%s in %s", ", attention/" if drawn else "", out)
     return metrics
 
 

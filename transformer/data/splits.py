@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import logging
+import os
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -212,8 +213,7 @@ def prepare_multi30k(
         ``target_dir`` as a Path.
     """
     target = Path(target_dir)
-    made = [folder for folder in (target, *target.parents) if not folder.exists()]  # the innermost first
-    target.mkdir(parents=True, exist_ok=True)
+    made = _make_folders(target)
     source = Path(source_dir) if source_dir else None
     try:
         for split in splits:
@@ -227,6 +227,25 @@ def prepare_multi30k(
                 break
         raise
     return target
+
+
+def _make_folders(folder: Path) -> list[Path]:
+    """Make ``folder`` and its missing parents; returns those this call made, the innermost first."""
+    folder = Path(os.path.abspath(folder))  # "new/../data" is data itself, which may be there already
+    missing = []
+    for level in (folder, *folder.parents):
+        if level.is_dir():
+            break
+        missing.append(level)
+    made = []
+    for level in reversed(missing):
+        try:
+            level.mkdir()
+            made.append(level)
+        except FileExistsError:  # made by another process meanwhile (not ours to remove), or a file in the way
+            if not level.is_dir():
+                raise
+    return made[::-1]
 
 
 # --------------------------------------------------------------------------------------------------

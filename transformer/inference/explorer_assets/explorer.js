@@ -197,7 +197,7 @@ function drawMap(view, maps, kindName, layer, head) {
   // row pieces, the column pieces and the cells, Home and End go to a line's ends; the focused one is marked as a
   // click marks it, and Escape takes the marks away. Row piece q is at column -1, column piece k at row -1.
   const at = (q, k) => (k < 0 ? rowHeads[q] : q < 0 ? colHeads[k] : cells[q][k]);
-  let current = cells.length && cols.length ? cells[0][0] : null;
+  let current = (cols.length ? cells[0]?.[0] : null) ?? rowHeads[0] ?? colHeads[0] ?? null;
   if (current) current.tabIndex = 0;
   const moves = {
     ArrowLeft: (q, k) => [q, Math.max(k - 1, q < 0 ? 0 : -1)],
@@ -209,7 +209,7 @@ function drawMap(view, maps, kindName, layer, head) {
   };
   table.addEventListener("keydown", (event) => {
     const target = markable(event);
-    if (!target) return;
+    if (!target || event.altKey || event.ctrlKey || event.metaKey) return; // the browser's own keys (Alt+Left: back)
     if (event.key === "Escape") {
       pinned = null;
       clear();

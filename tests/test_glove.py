@@ -142,6 +142,23 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, messa
             read_vectors(path, words={"the"})
 
 
+def test_a_byte_that_is_not_utf8_is_named_by_its_own_line_and_place(tmp_path: Path) -> None:
+    lines = [f"w{i} 0.1 0.2 0.3".encode() for i in range(3000)]  # longer than a decoding block
+    lines[2499] = b"caf\xe9 0.1 0.2 0.3"  # line 2500, byte 4
+    for path in (tmp_path / "v.txt", tmp_path / "v.txt.gz"):
+        data = b"\n".join(lines) + b"\n"
+        path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+        for words in (None, {"w1"}):  # also where the line's word is not asked for
+            with pytest.raises(GloveError, match=re.escape(f"{path}:2500: not UTF-8 text (byte 4 of the line: "
+                                                           "invalid continuation byte)")):
+                read_vectors(path, words=words)
+    first = tmp_path / "first.txt"
+    first.write_bytes(b"\xff 0.1 0.2\n")
+    with pytest.raises(GloveError, match=re.escape(f"{first}:1: not UTF-8 text (byte 1 of the line: invalid "
+                                                   "start byte)")):
+        vector_dim(first)
+
+
 def test_multi_word_entries_are_read(tmp_path: Path) -> None:
     path = tmp_path / "spaced.txt"
     path.write_text("the 0.1 0.2 0.3\n. . . 1 2 3\n", encoding="utf-8")

@@ -15,7 +15,7 @@ import io
 import logging
 import zipfile
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,15 +122,25 @@ def _open_lines(path: str | Path, dim: int | None) -> Iterator[tuple[str, Iterat
                 elif member not in archive.namelist():
                     raise GloveError(f"{file_path}: has no member {member!r} (members: {archive.namelist()})")
                 with archive.open(member) as raw:
-                    yield f"{file_path}:{member}", io.TextIOWrapper(raw, encoding="utf-8")
+                    yield f"{file_path}:{member}", _decoded(raw, f"{file_path}:{member}")
         elif file_path.suffix.lower() == ".gz":
-            with gzip.open(file_path, "rt", encoding="utf-8") as handle:
-                yield str(file_path), handle
+            with gzip.open(file_path, "rb") as raw:
+                yield str(file_path), _decoded(raw, str(file_path))
         else:
-            with open(file_path, encoding="utf-8") as handle:
-                yield str(file_path), handle
+            with open(file_path, "rb") as raw:
+                yield str(file_path), _decoded(raw, str(file_path))
     except (OSError, EOFError, zlib.error, zipfile.BadZipFile) as error:
         raise GloveError(f"{file_path}: cannot read the vector file ({error})") from error
+
+
+def _decoded(raw: Iterable[bytes], name: str) -> Iterator[str]:
+    """The lines of ``raw`` as text, each decoded alone: an invalid byte is named by its line and place in it."""
+    for line_no, line in enumerate(raw, start=1):
+        try:
+            yield line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise GloveError(f"{name}:{line_no}: not UTF-8 text (byte {error.start + 1} of the line: "
+                             f"{error.reason})") from None
 
 
 def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:
@@ -140,13 +150,10 @@ def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:
     ``expected_dim`` only chooses the member of a multi-file ``.zip`` such as ``glove.6B.zip``.
     """
     with _open_lines(path, expected_dim) as (name, lines):
-        try:  # decoded a block at a time: the error's position is not a line's
-            lines = iter(lines)
-            first = next(lines, "")
-            header = _header_dim(first)
-            second = next(lines, "") if header is not None else ""
-        except UnicodeDecodeError as error:
-            raise GloveError(f"{name}: not UTF-8 text ({error})") from error
+        lines = iter(lines)
+        first = next(lines, "")
+        header = _header_dim(first)
+        second = next(lines, "") if header is not None else ""
         if not first.strip():
             raise GloveError(f"{name}:1: empty vector file")
         if second.strip():
@@ -190,33 +197,30 @@ def read_vectors(path: str | Path, expected_dim: int | None = None, words: Colle
     index: dict[str, int] = {}
     rows: list[list[float]] = []
     with _open_lines(path, expected_dim) as (name, lines):
-        dim, line_no = None, 0
-        try:
-            for line_no, line in enumerate(lines, start=1):
-                line = line.rstrip()
-                if not line:
-                    continue
+        dim = None
+        for line_no, line in enumerate(lines, start=1):
+            line = line.rstrip()
+            if not line:
+                continue
+            if dim is None:
+                dim = _header_dim(line) if line_no == 1 else None
                 if dim is None:
-                    dim = _header_dim(line) if line_no == 1 else None
-                    if dim is None:
-                        dim = len(line.split(" ")) - 1
-                    else:
-                        continue  # word2vec header
-                    if expected_dim is not None and dim != expected_dim:
-                        raise GloveError(f"{name}:{line_no}: vectors have {dim} dimensions, "
-                                         f"but {expected_dim} are needed (model.d_model)")
-                    if dim < 1:
-                        raise GloveError(f"{name}:{line_no}: no numbers after the word")
-                word = line.split(" ", 1)[0]
-                simple = line.count(" ") == dim  # the common case: one-token word, right count
-                if simple and wanted is not None and word not in wanted:
-                    continue
-                word, values = _parse_values(name, line_no, line.split(" "), dim)
-                if (wanted is None or word in wanted) and word not in index:
-                    index[word] = len(rows)
-                    rows.append(values)
-        except UnicodeDecodeError as error:
-            raise GloveError(f"{name}:{line_no + 1}: not UTF-8 text ({error})") from error
+                    dim = len(line.split(" ")) - 1
+                else:
+                    continue  # word2vec header
+                if expected_dim is not None and dim != expected_dim:
+                    raise GloveError(f"{name}:{line_no}: vectors have {dim} dimensions, "
+                                     f"but {expected_dim} are needed (model.d_model)")
+                if dim < 1:
+                    raise GloveError(f"{name}:{line_no}: no numbers after the word")
+            word = line.split(" ", 1)[0]
+            simple = line.count(" ") == dim  # the common case: one-token word, right count
+            if simple and wanted is not None and word not in wanted:
+                continue
+            word, values = _parse_values(name, line_no, line.split(" "), dim)
+            if (wanted is None or word in wanted) and word not in index:
+                index[word] = len(rows)
+                rows.append(values)
         if dim is None:
             raise GloveError(f"{name}: no vectors in file")
     matrix = torch.tensor(rows, dtype=torch.float32) if rows else torch.zeros(0, dim)

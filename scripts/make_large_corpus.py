@@ -27,15 +27,20 @@ def _default_source() -> Path:
     return Path(os.environ.get("MULTI30K_DIR", "data/multi30k"))
 
 
-def _read_source(folder: Path, name: str, lang: str) -> bytes:
-    """The decompressed bytes of ``{name}.{lang}[.gz]``, ending with a newline."""
+def _source_file(folder: Path, name: str, lang: str) -> Path:
+    """``{name}.{lang}.gz`` or ``{name}.{lang}`` in ``folder``; refused naming it when neither is there."""
     plain, compressed = folder / f"{name}.{lang}", folder / f"{name}.{lang}.gz"
     if compressed.is_file():
-        data = gzip.decompress(compressed.read_bytes())
-    elif plain.is_file():
-        data = plain.read_bytes()
-    else:
-        raise SystemExit(f"{plain}[.gz]: file not found (set --source or MULTI30K_DIR)")
+        return compressed
+    if plain.is_file():
+        return plain
+    raise SystemExit(f"{plain}[.gz]: file not found (set --source or MULTI30K_DIR)")
+
+
+def _read_source(folder: Path, name: str, lang: str) -> bytes:
+    """The decompressed bytes of ``{name}.{lang}[.gz]``, ending with a newline."""
+    path = _source_file(folder, name, lang)
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     return data if data.endswith(b"\n") else data + b"\n"
 
 
@@ -48,6 +53,9 @@ def write_corpus(out: Path, source: Path, langs: tuple[str, str], times: int, co
     """Write ``train`` repeated ``times`` times and single copies of ``val`` and ``test`` into ``out``."""
     if out.resolve() == source.resolve():
         raise SystemExit(f"{out}: is the source corpus itself; write the large corpus into another folder")
+    for name in _SPLITS.values():  # every source there before anything is written: no half corpus
+        for lang in langs:
+            _source_file(source, name, lang)
     out.mkdir(parents=True, exist_ok=True)
     suffix = ".gz" if compress else ""
     for written, name in _SPLITS.items():

@@ -347,3 +347,13 @@ def test_the_large_corpus_script_refuses_to_write_over_its_source(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 1 and "is the source corpus itself" in out.stderr
     assert {p.name: p.read_bytes() for p in source.iterdir()} == before
+
+
+def test_the_large_corpus_script_checks_every_source_file_before_it_writes_one(tmp_path):
+    source = write_toy_corpus(tmp_path / "toy")
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "make_large_corpus.py"), str(tmp_path / "big"),
+                          "--source", str(source), "--src", "src", "--tgt", "xx", "--times", "2"],
+                         capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == f"{source / 'train.xx'}[.gz]: file not found (set --source or MULTI30K_DIR)\n"
+    assert not (tmp_path / "big").exists()

@@ -228,6 +228,20 @@ def _recipe(tmp_path: Path, toy_corpus: Path, *args: str) -> subprocess.Complete
                           timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.parametrize("overrides, beam_size, length_norm", [
+    (["debug=cpu_tiny"], 1, "gnmt"),  # a group's search: cpu_tiny trains and scores greedily
+    (["eval.beam_size=3", "eval.length_norm=average"], 3, "average"),
+    ([], 8, "gnmt"),
+])
+def test_the_ensemble_is_scored_with_the_search_its_members_were(monkeypatch, tmp_path, overrides, beam_size,
+                                                                 length_norm):
+    asked = []
+    monkeypatch.setattr(recipes.use, "evaluate", lambda cfg: asked.append(cfg) or {})
+    recipes.score_ensemble([tmp_path / "a", tmp_path / "b"], tmp_path, overrides)
+    assert [(cfg.eval.beam_size, cfg.eval.length_norm.value) for cfg in asked] == [(beam_size, length_norm)] * 2
+    assert [cfg.split for cfg in asked] == [recipes.compose_train(overrides).data.valid_split, None]
+
+
 @pytest.mark.slow
 def test_an_ensemble_trains_every_seed_scores_the_ensemble_and_resumes(toy_corpus, tmp_path):
     out = tmp_path / "ens"

@@ -40,7 +40,7 @@ from transformer.app.mps import mps
 from transformer.app.runs import TRAIN_COMMAND, RunSpec, RunState, run_state, supervise
 from transformer.app.schemas import PrepareDataConfig
 from transformer.checkpoint import RunDir, load_checkpoint
-from transformer.config import ConfigError, TrainConfig
+from transformer.config import ConfigError, TrainConfig, to_plain_dict
 from transformer.data import cache as corpus_cache
 from transformer.data.tokenizer import tokenizer_digest, tokenizer_from_state
 from transformer.inference.loading import find_checkpoint
@@ -108,11 +108,14 @@ def member_specs(out: Path, overrides: Sequence[str], seeds: Sequence[int]) -> l
 def score_ensemble(members: Sequence[Path], out: Path, overrides: Sequence[str],
                    valid_split: str | None = None) -> dict:
     """Score ``members`` (run folders) as one ensemble on ``valid_split`` (default: the data's validation split) and
-    on the test split, decoded as the ``eval`` and ``device`` overrides among ``overrides`` say; the test metrics."""
-    valid_split = valid_split or compose_train(overrides).data.valid_split
+    on the test split, with the search the members' training scored them with (``overrides`` composed: a group such
+    as ``debug=cpu_tiny`` sets it too) on the ``device`` the overrides name; the test metrics."""
+    cfg = compose_train(overrides)
+    valid_split = valid_split or cfg.data.valid_split
     first, *others = members
+    search = [f"eval.{key}={override_value(value)}" for key, value in to_plain_dict(cfg.eval).items()]
     common = [f"run_dir={override_value(first)}", f"ensemble={override_value(others)}",
-              "overwrite=true", *passed_on(overrides, ("eval", "device"))]  # overwrite: the recipe's own folders
+              "overwrite=true", *search, *passed_on(overrides, ("device",))]  # overwrite: the recipe's own folders
     use.evaluate(compose_command("evaluate", [*common, f"split={valid_split}",
                                                    f"output_dir={override_value(out / 'ensemble_val')}"]))
     return use.evaluate(compose_command("evaluate", [*common,

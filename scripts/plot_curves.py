@@ -10,6 +10,7 @@ not counted); runs from machines of different speeds compare better by ``--x ste
 from __future__ import annotations
 
 import argparse
+import sys
 
 from transformer.app.curves import X_AXES, Curve, plot_curves, read_curve
 
@@ -24,13 +25,20 @@ def main() -> None:
     args = parser.parse_args()
     reference = None
     if args.reference:
-        label, points = args.reference.split("=", 1)
-        pairs = [tuple(map(float, point.split(":"))) for point in points.split(",")]
+        try:
+            label, points = args.reference.split("=", 1)
+            pairs = [(float(x), float(value)) for x, value in (point.split(":") for point in points.split(","))]
+        except ValueError:
+            parser.error(f"--reference: {args.reference!r} is not LABEL=X:VALUE,X:VALUE,... "
+                         "(e.g. \"OpenNMT-py=11:13.4,23:29.6\")")
         xs = [x for x, _ in pairs]
         reference = Curve(label, xs, [int(x) for x in xs], [v for _, v in pairs])  # x in either unit
-    curves = [read_curve(run.split("=", 1)[-1], args.tag, run.split("=", 1)[0] if "=" in run else None)
-              for run in args.runs]
-    print(plot_curves(curves, args.out, ylabel=args.tag, reference=reference, x=args.x))
+    try:
+        curves = [read_curve(run.split("=", 1)[-1], args.tag, run.split("=", 1)[0] if "=" in run else None)
+                  for run in args.runs]
+        print(plot_curves(curves, args.out, ylabel=args.tag, reference=reference, x=args.x))
+    except (ValueError, OSError) as error:  # a folder without events, a scalar not logged, an unwritable PNG
+        sys.exit(f"plot_curves: {error}")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@ a missing tag named with the ones found, and the PNG drawn at the figure's size.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.image
 import pytest
+from conftest import REPO
 from torch.utils.tensorboard import SummaryWriter
 
 from transformer.app.curves import Curve, plot_curves, read_curve
@@ -57,6 +60,24 @@ def test_minutes_come_from_the_trainers_clock_when_it_was_logged(tmp_path: Path)
 def test_a_missing_tag_names_the_tags_found(run_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"no scalar 'valid/chrf' \(found \['train/loss', 'valid/bleu'\]\)"):
         read_curve(run_dir, tag="valid/chrf")
+
+
+def test_the_script_refuses_a_folder_without_events_a_missing_tag_and_a_bad_reference_in_one_line(
+        run_dir: Path, tmp_path: Path) -> None:
+    def plot(*args: str) -> tuple[int, str]:
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_curves.py"), str(tmp_path / "c.png"),
+                               *args], capture_output=True, text=True)
+        return done.returncode, done.stderr.strip().splitlines()[-1]
+
+    assert plot(str(tmp_path / "nowhere")) == (1, f"plot_curves: {tmp_path / 'nowhere'}: no TensorBoard events "
+                                                  f"({tmp_path / 'nowhere' / 'tensorboard'} is not a folder); give a "
+                                                  "training run's folder")
+    assert plot(str(run_dir), "--tag", "valid/blue") == (
+        1, f"plot_curves: {run_dir / 'tensorboard'}: no scalar 'valid/blue' (found ['train/loss', 'valid/bleu'])")
+    code, said = plot(str(run_dir), "--reference", "bad")
+    assert code == 2 and said.endswith("error: --reference: 'bad' is not LABEL=X:VALUE,X:VALUE,... "
+                                       '(e.g. "OpenNMT-py=11:13.4,23:29.6")')
+    assert not (tmp_path / "c.png").exists()
 
 
 def _lines(figure) -> list[tuple[str, list, list, str]]:

@@ -30,6 +30,8 @@ class Curve:
 def read_curve(run_dir: str | Path, tag: str = "valid/bleu", label: str | None = None) -> Curve:
     """The scalar ``tag`` of a training run directory (its ``tensorboard/`` events)."""
     folder = RunDir(Path(run_dir)).tensorboard
+    if not folder.is_dir():
+        raise ValueError(f"{run_dir}: no TensorBoard events ({folder} is not a folder); give a training run's folder")
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     events.Reload()
     if tag not in events.Tags()["scalars"]:

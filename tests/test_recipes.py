@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from transformer.app.mps import mps
 from transformer.app.runs import RunFailed, RunSpec, RunState, run_state, supervise
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError
+from transformer.training.checkpoints import save_checkpoint
 
 # A stand-in for `python -m transformer train`: it records its command line, marks its run started, and then, as
 # FAKE_MODE says, finishes (metrics.json), fails, or trains until SIGINT, which it counts, then "saves" and exits 130.
@@ -92,6 +94,32 @@ def test_new_runs_train_started_ones_resume_finished_ones_are_kept(tmp_path, fak
          f"hydra.run.dir={out / 'seed_2'}.resumed"],
     ]
     assert all(run_state(out / f"seed_{seed}") is RunState.finished for seed in (1, 2, 3))
+
+
+def test_a_finished_run_of_other_overrides_is_kept_with_a_warning_naming_them(tmp_path, fake, caplog):
+    command, recorded = fake
+    out = tmp_path / "ens"
+    for seed, recipe in ((1, ["data=toy_copy", "training.seed=1", "training.progress_bar=false"]),
+                         (2, ["data=toy_copy", "training.seed=2", "model.d_model=64", "training.max_steps=30"])):
+        (out / f"seed_{seed}" / "checkpoints").mkdir(parents=True)
+        save_checkpoint({"recipe": recipe}, out / f"seed_{seed}" / "checkpoints" / "last.pt")
+        (out / f"seed_{seed}" / "metrics.json").write_text("{}")
+    with caplog.at_level(logging.INFO, logger="transformer.app.runs"):
+        supervise(recipes.member_specs(out, ["data=toy_copy", "training.max_steps=40"], [1, 2]),
+                  train_command=command)
+    assert recorded() == []  # both kept
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"seed 1: finished earlier with other overrides, kept as it is (training.max_steps=40 (the run: "
+                    f"(not set))); remove {out / 'seed_1'} to train it with this recipe's"),
+        ("WARNING", f"seed 2: finished earlier with other overrides, kept as it is (model.d_model=(not set) (the run: "
+                    f"64); training.max_steps=40 (the run: 30)); remove {out / 'seed_2'} to train it with this "
+                    "recipe's")]
+    caplog.clear()
+    (out / "seed_2" / "checkpoints" / "last.pt").write_bytes(b"torn")  # unreadable: nothing to compare, kept
+    with caplog.at_level(logging.INFO, logger="transformer.app.runs"):
+        supervise(recipes.member_specs(out, ["data=toy_copy"], [1, 2]), train_command=command)
+    assert caplog.messages == [f"seed 1: finished earlier, kept ({out / 'seed_1'})",
+                               f"seed 2: finished earlier, kept ({out / 'seed_2'})"] and recorded() == []
 
 
 def test_parallel_runs_overlap_and_sequential_ones_do_not(tmp_path, fake, monkeypatch):

@@ -152,6 +152,33 @@ def _signals_to(handler: Callable[[int, object], None]) -> Iterator[None]:
             signal.signal(sig, before)
 
 
+_NOT_THE_RUNS = ("resume", "training.progress_bar")  # overrides that say how a run is trained, not which run
+
+
+def overrides_differing(spec: RunSpec) -> list[str]:
+    """Where the overrides a run recorded differ from ``spec``'s, as ``key=now (the run: then)``; none where they
+    agree or the run recorded none."""
+    from transformer.checkpoint import CheckpointError
+    from transformer.config import ConfigError
+    from transformer.training.resume import saved_recipe
+
+    try:
+        recorded = saved_recipe(spec.run)
+    except (ConfigError, CheckpointError):  # no checkpoint to read it from, or a damaged one
+        return []
+    if recorded is None:
+        return []
+    then, now = _settings(recorded), _settings(spec.overrides)
+    return [f"{key}={now.get(key, '(not set)')} (the run: {then.get(key, '(not set)')})"
+            for key in sorted(then.keys() | now.keys()) if then.get(key) != now.get(key)]
+
+
+def _settings(overrides: Sequence[str]) -> dict[str, str]:
+    """``key: value`` of the overrides that say which run it is."""
+    pairs = (override.lstrip("+~").partition("=") for override in overrides)
+    return {key: value for key, _, value in pairs if key not in _NOT_THE_RUNS and not key.startswith("hydra.")}
+
+
 def supervise(specs: Sequence[RunSpec], *, parallel: int = 1, train_command: Sequence[str] = TRAIN_COMMAND,
               poll_seconds: float = 0.2) -> None:
     """Train every run of ``specs`` that is not finished, ``parallel`` at a time, and wait for them.
@@ -163,7 +190,10 @@ def supervise(specs: Sequence[RunSpec], *, parallel: int = 1, train_command: Seq
     supervisor = _Supervisor(train_command, max(1, parallel))
     todo = []
     for spec in dict.fromkeys(specs):  # a run named twice is trained once
-        if run_state(spec.run) is RunState.finished:
+        if run_state(spec.run) is RunState.finished and (differences := overrides_differing(spec)):
+            log.warning("%s: finished earlier with other overrides, kept as it is (%s); remove %s to train it with "
+                        "this recipe's", spec.label or spec.run.name, "; ".join(differences), spec.run)
+        elif run_state(spec.run) is RunState.finished:
             log.info("%s: finished earlier, kept (%s)", spec.label or spec.run.name, spec.run)
         else:
             todo.append(spec)

@@ -74,13 +74,12 @@ def test_load_errors_name_the_file(tmp_path):
     save_checkpoint(_state(1.0), run / "step_20.pt")
     (run / "last.pt").write_bytes(good.read_bytes()[:200])
     earlier = run / "step_20.pt"
-    with pytest.raises(CheckpointError, match=rf"truncated .*; {earlier} is an earlier checkpoint of the same run "
-                                              rf"\(resume={earlier}\)$"):
+    newest = rf"{earlier} is the newest step checkpoint of the same run"  # a torn last.pt of its own: maybe step 20
+    with pytest.raises(CheckpointError, match=rf"truncated .*; {newest} \(resume={earlier}\)$"):
         load_checkpoint(run / "last.pt")
-    with pytest.raises(CheckpointError, match=rf"truncated .*; {earlier} is an earlier checkpoint of the same run "
-                                              rf"\(checkpoint={earlier}\)$"):  # what evaluate and translate suggest
+    with pytest.raises(CheckpointError, match=rf"truncated .*; {newest} \(checkpoint={earlier}\)$"):  # evaluate's key
         load_checkpoint(run / "last.pt", retry_key="checkpoint")
-    with pytest.raises(CheckpointError, match=rf"truncated .*; {earlier} is an earlier checkpoint of the same run$"):
+    with pytest.raises(CheckpointError, match=rf"truncated .*; {newest}$"):
         load_checkpoint(run / "last.pt", retry_key=None)
     text = tmp_path / "notes.pt"
     text.write_text("hello\nworld")

@@ -307,6 +307,25 @@ def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) 
                                                                                "training.max_steps=8"]
 
 
+def test_a_run_whose_corpus_moved_is_told_to_name_the_new_folder(toy_corpus: Path, tmp_path: Path) -> None:
+    """The recipe names the corpus's old folder: the refusal says which key to give, and with it the run goes on."""
+    recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", f"data.dir={toy_corpus}",
+              "training.max_tokens=256", "device=cpu"]
+    run = tmp_path / "run"
+    first = _train_command(tmp_path, *recipe, "training.max_steps=2", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    moved = toy_corpus.rename(tmp_path / "moved")
+    refused = _train_command(tmp_path, f"resume={run}", "training.max_steps=4")
+    output = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "Traceback" not in output
+    assert output.strip().splitlines()[-1].endswith(
+        f"[ERROR] - data.dir={toy_corpus}: directory not found: the run {run} was trained on the corpus there; if it "
+        f"moved, name its new folder: resume={run} data.dir=NEW (the run checks that it holds the same training pairs)")
+    resumed = _train_command(tmp_path, f"resume={run}", "training.max_steps=4", f"data.dir={moved}")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 4
+
+
 def test_a_resume_continues_the_runs_log_and_makes_no_folder_of_its_own(toy_corpus: Path, tmp_path: Path) -> None:
     recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false", f"data.dir={toy_corpus}",
               "data.cache_dir=${data.dir}_cache", "training.max_tokens=256", "device=cpu"]

@@ -338,8 +338,8 @@ def test_a_torn_last_checkpoint_names_the_way_back_and_is_set_aside_by_resuming_
     torn = run.last.read_bytes()[:1000]
     run.last.unlink()  # last.pt is a hard link to step_8.pt: tear a copy of its own, as a crash mid-write would
     run.last.write_bytes(torn)
-    with pytest.raises(CheckpointError, match=r"last\.pt: not a readable checkpoint .*checkpoints/step_8\.pt is an "
-                                              r"earlier checkpoint of the same run \(resume=.*step_8\.pt\)"):  # whole
+    with pytest.raises(CheckpointError, match=r"last\.pt: not a readable checkpoint .*checkpoints/step_8\.pt is the "
+                                              r"newest step checkpoint of the same run \(resume=.*step_8\.pt\)"):  # whole
         _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.root}")
     again = _train(compose_config, toy_corpus, tmp_path / "x", *steps, f"resume={run.checkpoints / 'step_4.pt'}")
     assert again["train"]["steps"] == 8

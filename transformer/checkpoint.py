@@ -203,7 +203,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     except Exception as exc:  # torch raises RuntimeError/UnpicklingError/EOFError/KeyError for torn or foreign files
         earlier = _earlier_checkpoint(path) if STEP_FILE.match(path.name) or path.name == LAST_FILE else None
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or not a torch file): "
-                              f"{_load_failure(path, exc)}{_way_back(earlier, retry_key, '')}") from exc
+                              f"{_load_failure(path, exc)}{_way_back(path, earlier, retry_key, '')}") from exc
     if not isinstance(state, dict) or "version" not in state:
         raise CheckpointError(f"{path}: not a checkpoint of this project (no 'version' key)")
     if state["version"] != CHECKPOINT_VERSION:
@@ -215,11 +215,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return state
 
 
-def _way_back(earlier: Path | None, retry_key: str | None, otherwise: str) -> str:
-    """The end of a damaged checkpoint's error: the run's earlier checkpoint to use instead, if it has one."""
+def _way_back(path: Path, earlier: Path | None, retry_key: str | None, otherwise: str) -> str:
+    """The end of a damaged checkpoint's error: the run's earlier checkpoint to use instead, if it has one. Beside
+    a damaged ``last.pt`` that is its own file (not a link to a step file) the newest step file may hold the same
+    step: it is named the newest step checkpoint, not an earlier one."""
     if earlier is None:
         return otherwise
-    return f"; {earlier} is an earlier checkpoint of the same run" + (f" ({retry_key}={override_value(earlier)})" if retry_key else "")
+    own_file = path.name == LAST_FILE and not any(other.samefile(path) for other in path.parent.glob("step_*.pt"))
+    which = "the newest step checkpoint" if own_file else "an earlier checkpoint"
+    return f"; {earlier} is {which} of the same run" + (f" ({retry_key}={override_value(earlier)})" if retry_key else "")
 
 
 def _load_failure(path: Path, exc: Exception) -> str:
@@ -254,7 +258,7 @@ def _verify(path: Path, state: dict, retry_key: str | None) -> None:
         return
     whole = state.get(WHOLE_DIGEST_KEY)  # before 0.9.4: none
     if state_digest(state, TENSORS_ONLY) != stored or (whole is not None and state_digest(state) != whole):
-        way_back = _way_back(_earlier_checkpoint(path), retry_key, "; train again or restore it from a copy")
+        way_back = _way_back(path, _earlier_checkpoint(path), retry_key, "; train again or restore it from a copy")
         raise CheckpointError(f"{path}: corrupt: its contents do not match the digest written with them (a damaged "
                               f"disk or copy){way_back}")
 

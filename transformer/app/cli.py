@@ -82,11 +82,28 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
     resume = [f"resume={override_value(cfg.resume)}"]  # auto: resolved
     composed = hydra.compose(config_name="train", overrides=recipe + resume)
+    _refuse_moved_corpus(composed, now, cfg.resume)
     try:
         composed.model.glove.path  # ${oc.env:GLOVE_PATH} in the GloVe models: unset in this shell, maybe
     except OmegaConfBaseException:
         composed.model.glove.path = None  # read only when a run starts: the vectors are in the resumed weights
     return composed, recipe
+
+
+def _refuse_moved_corpus(composed: DictConfig, now: list[str], resume: str) -> None:
+    """A resumed run's own corpus folder (``data.dir`` of a custom corpus, ``data.train_dir``) that is gone: say
+    how to name where it went, unless this command names a folder itself."""
+    from transformer.config import ConfigError, CorpusKind
+
+    folders = {"data.train_dir": composed.data.get("train_dir")}
+    if composed.data.get("corpus") == CorpusKind.custom:
+        folders["data.dir"] = composed.data.get("dir")
+    given = {override.split("=")[0].lstrip("+~") for override in now}
+    for key, folder in folders.items():
+        if folder is not None and key not in given and not Path(folder).is_dir():
+            raise ConfigError(f"{key}={folder}: directory not found: the run {resume} was trained on the corpus "
+                              f"there; if it moved, name its new folder: resume={override_value(resume)} {key}=NEW "
+                              "(the run checks that it holds the same training pairs)")
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")

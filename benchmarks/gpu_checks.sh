@@ -6,7 +6,8 @@
 #                                  # seconds (480): the fixed-shape searches' gpu tests and operators a step; the
 #                                  # default model's test set decoded greedy and beam 5, cache on and off, ordinary
 #                                  # and in fixed shapes (TARGETS_CHECKPOINT, else the default job trained here for
-#                                  # two minutes); base's MFU at 16,384 positions (profiled) and 32,768; OpenNMT-py
+#                                  # two minutes), and by CTranslate2 in float16 (the anchor; its wheel in
+#                                  # .whl/ctranslate2); base's MFU at 16,384 positions (profiled) and 32,768; OpenNMT-py
 #                                  # beside this project, small then base. Each part gets what time is left; the
 #                                  # logs come back as one targets.tgz
 #   benchmarks/gpu_checks.sh short # what one ten-minute command can hold, for 15 minutes of GPU time in all: the gpu
@@ -69,6 +70,32 @@ bench() {  # bench NAME OVERRIDES...: transformer-benchmark into $out/NAME/
     step "$name" python scripts/benchmark.py "$@" "hydra.run.dir=$out/$name"
 }
 
+ctranslate2_on_cuda() {  # install .whl/ctranslate2 into /tmp/gpu_targets/ct2; say whether it sees the GPU
+    # CTranslate2 4.x's wheels load cuBLAS 12 (libcublas.so.12) when they first use the GPU. A machine with CUDA 13
+    # alone gets cuBLAS 13 under that name, for this benchmark only (the functions a float16 translation calls kept
+    # their names and arguments); the anchor's column "same as torch" shows whether its translations hold up.
+    local wheel lib
+    wheel=$(ls .whl/ctranslate2/ctranslate2-*.whl 2>/dev/null | head -n 1)
+    if [[ -z $wheel ]]; then
+        echo "== anchor: skipped, no CTranslate2 wheel in .whl/ctranslate2 (benchmarks/gpu_inputs.sh)"
+        return 1
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu_targets/ct2 "$wheel" || return 1
+    cublas12=/tmp/gpu_targets/cublas12
+    mkdir -p "$cublas12"
+    if ! ldconfig -p | grep -q 'libcublas\.so\.12 '; then
+        for lib in cublas cublasLt; do
+            found=$(find /usr/local /usr/lib /opt "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+                -name "lib$lib.so.1[23]*" 2>/dev/null | sort | head -n 1)
+            echo "lib$lib.so.12: ${found:-not found}"
+            [[ -n $found ]] && ln -sf "$found" "$cublas12/lib$lib.so.12"
+        done
+    fi
+    LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONPATH="/tmp/gpu_targets/ct2:${PYTHONPATH:-}" \
+        python -c "import ctranslate2; n = ctranslate2.get_cuda_device_count(); print('ctranslate2', \
+ctranslate2.__version__, 'sees', n, 'GPU(s)'); raise SystemExit(n == 0)"
+}
+
 within() {  # within SECONDS NAME COMMAND...: step NAME, limited to SECONDS or to what is left before $deadline
     local cap=$1 name=$2 left=$((deadline - SECONDS))
     shift 2
@@ -98,6 +125,12 @@ targets)
     within 100 decoding python scripts/benchmark.py "checkpoint=$checkpoint" train_steps=5 eval.beam_size=5 \
         "hydra.run.dir=$out/decoding"
     sed -n '/^| decoding/,$p' "$out/decoding/benchmark.md" 2>/dev/null
+    if ctranslate2_on_cuda; then  # the anchor: the same checkpoint exported in float16, decoded by CTranslate2
+        within 90 anchor env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+            PYTHONPATH="/tmp/gpu_targets/ct2${PYTHONPATH:+:$PYTHONPATH}" \
+            python benchmarks/export_speed.py "$checkpoint" --device cuda --work /tmp/gpu_targets/exports
+        sed -n '/^| model/,$p' "$out/anchor.log"
+    fi
     for positions in 16384 32768; do
         profile=$([[ $positions == 16384 ]] && echo 10 || echo 0)
         within 75 "base_$positions" python scripts/benchmark.py model=base "training.max_tokens=$positions" \

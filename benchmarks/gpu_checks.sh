@@ -84,9 +84,10 @@ ctranslate2_on_cuda() {  # install .whl/ctranslate2 into /tmp/gpu_targets/ct2; s
     cublas12=/tmp/gpu_targets/cublas12
     mkdir -p "$cublas12"
     if ! ldconfig -p | grep -q 'libcublas\.so\.12 '; then
+        local packages
+        packages=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
         for lib in cublas cublasLt; do
-            found=$(find /usr/local /usr/lib /opt "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-                -name "lib$lib.so.1[23]*" 2>/dev/null | sort | head -n 1)
+            found=$(find /usr/local /usr/lib /opt "$packages" -name "lib$lib.so.1[23]*" 2>/dev/null | sort | head -n 1)
             echo "lib$lib.so.12: ${found:-not found}"
             [[ -n $found ]] && ln -sf "$found" "$cublas12/lib$lib.so.12"
         done

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import CONFIG_DIR, REPO
 
-from transformer.app import cli, failures, use
+from transformer.app import cli, failures, schemas, use
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, TrainConfig
 from transformer.data.corpus import DataError
@@ -22,7 +22,7 @@ RUN = ["output_dir=/tmp/unused"]
 
 
 def test_config_path_is_the_repository_configs_folder() -> None:
-    assert Path(cli.CONFIG_PATH) == CONFIG_DIR
+    assert Path(schemas.CONFIG_PATH) == CONFIG_DIR == Path(cli.CONFIG_PATH)
 
 
 @pytest.mark.parametrize("inherited", [signal.SIG_IGN, signal.SIG_DFL])

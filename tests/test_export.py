@@ -113,7 +113,7 @@ def one_run(tmp_path_factory):
     register_configs()
     from hydra import compose, initialize_config_dir
 
-    from transformer.app.cli import CONFIG_PATH
+    from transformer.app.schemas import CONFIG_PATH
 
     folder = tmp_path_factory.mktemp("export")
     corpus = write_toy_corpus(folder / "toy")

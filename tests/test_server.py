@@ -40,8 +40,7 @@ def run_dir(tmp_path_factory) -> Path:
     from test_export import TOY
 
     from transformer.app import pipeline
-    from transformer.app.cli import CONFIG_PATH
-    from transformer.app.schemas import register_configs
+    from transformer.app.schemas import CONFIG_PATH, register_configs
 
     register_configs()
     folder = tmp_path_factory.mktemp("served")

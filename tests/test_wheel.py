@@ -44,7 +44,7 @@ def test_a_wheel_installed_elsewhere_trains_and_translates(tmp_path, multi30k):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
-    where = _run([bin_dir / "python", "-c", "import transformer.app.cli as cli; print(cli.__file__, cli.CONFIG_PATH)"],
+    where = _run([bin_dir / "python", "-c", "import transformer.app.schemas as s; print(s.__file__, s.CONFIG_PATH)"],
                  elsewhere, env).stdout.split()
     site = tmp_path / "venv" / "lib"
     assert Path(where[0]).is_relative_to(site) and Path(where[1]) == Path(where[0]).parents[1] / "configs"

@@ -22,22 +22,10 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer.app import before_hydra, schemas, sweeps
 from transformer.app.before_hydra import overrides_given
 from transformer.app.failures import PATH_ERRORS, path_error_line, run_command, user_errors
+from transformer.app.schemas import CONFIG_PATH
 from transformer.overrides import merge_overrides, override_value
 
 log = logging.getLogger(__name__)
-
-
-def config_root() -> Path:
-    """The folder of the YAML configs: the source tree's ``configs/``, else the wheel's packaged copy."""
-    package = Path(__file__).resolve().parents[1]
-    source_tree = package.parent
-    if (source_tree / "configs" / "train.yaml").is_file() and (source_tree / "pyproject.toml").is_file():
-        return source_tree / "configs"
-    return package / "configs"
-
-
-# An absolute path: Hydra would otherwise look for a Python package named ``configs``.
-CONFIG_PATH = str(config_root())
 
 
 def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:

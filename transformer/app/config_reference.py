@@ -104,8 +104,7 @@ def composed_defaults(command: str) -> dict[str, Any]:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from transformer.app.cli import CONFIG_PATH
-    from transformer.app.schemas import register_configs
+    from transformer.app.schemas import CONFIG_PATH, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_PATH, version_base="1.3"):

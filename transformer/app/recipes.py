@@ -56,8 +56,7 @@ def compose_command(name: str, overrides: Sequence[str]) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from transformer.app.cli import CONFIG_PATH
-    from transformer.app.schemas import refuse_unknown_keys, register_configs
+    from transformer.app.schemas import CONFIG_PATH, refuse_unknown_keys, register_configs
 
     register_configs()
     try:

@@ -1,7 +1,7 @@
 """The root schema of each command but training's (``config.TrainConfig``, which every checkpoint stores): what
 ``transformer-evaluate``, ``-translate``, ``-serve``, ``-export``, ``-prepare-data``, ``-diversify`` and ``-benchmark`` compose from
 the config groups in ``config``, with the checks that span groups, and ``register_configs`` to store them all in
-Hydra's ConfigStore under the names the YAML roots start from.
+Hydra's ConfigStore under the names the YAML roots start from; and where those YAML files are (``CONFIG_PATH``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import difflib
 import enum
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Collection, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -25,6 +26,19 @@ from transformer.config import (
     TrainingConfig,
     check,
 )
+
+
+def config_root() -> Path:
+    """The folder of the YAML configs: the source tree's ``configs/``, else the wheel's packaged copy."""
+    package = Path(__file__).resolve().parents[1]
+    source_tree = package.parent
+    if (source_tree / "configs" / "train.yaml").is_file() and (source_tree / "pyproject.toml").is_file():
+        return source_tree / "configs"
+    return package / "configs"
+
+
+# An absolute path: Hydra would otherwise look for a Python package named ``configs``.
+CONFIG_PATH = str(config_root())
 
 
 def _check_one_model(run_dir: Optional[str], checkpoint: Optional[str], export_dir: Optional[str],

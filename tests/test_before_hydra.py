@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,45 @@ def test_a_resume_without_hydra_run_dir_runs_in_the_resumed_runs_folder(tmp_path
     for argv in ([f"resume={run}", f"hydra.run.dir={tmp_path / 'elsewhere'}"], ["resume=auto"], [],
                  [f"resume={tmp_path / 'nothing'}"], ["-m", f"resume={run}"]):
         assert before_hydra.resume_in_its_run_dir(argv) == []
+
+
+def test_a_resume_of_a_run_still_training_is_refused_before_its_first_save_too(tmp_path):
+    from transformer.training.run_lock import hold_run
+
+    run = tmp_path / "run"  # started, holding its lock, no checkpoints/ yet
+    with hold_run(run, "output_dir"):
+        for argv in ([f"resume={run}"], [f"resume={run}", f"hydra.run.dir={run}"]):
+            with pytest.raises(SystemExit, match=rf"^resume: another transformer-train \(process {os.getpid()}\) "
+                                                 rf"is training in {run}; "):
+                before_hydra.refuse_a_held_run_dir(argv)
+        before_hydra.refuse_a_held_run_dir([f"resume={run}", f"hydra.run.dir={tmp_path / 'elsewhere'}"])
+    before_hydra.refuse_a_held_run_dir([f"resume={run}"])  # let go: the resume goes on to its own checks
+
+
+def test_added_overrides_join_the_command_lines_own_so_flags_may_stand_after_them():
+    extra = ["hydra.run.dir=r", "hydra.output_subdir=null"]
+    assert before_hydra.with_overrides(["train", "resume=r", "--help"], extra) == ["train", *extra, "resume=r", "--help"]
+    assert before_hydra.with_overrides(["train", "--cfg", "job", "resume=r"], extra) == [
+        "train", "--cfg", "job", *extra, "resume=r"]
+    assert before_hydra.with_overrides(["train", "--cfg", "job"], extra) == ["train", "--cfg", "job", *extra]
+
+
+def test_help_or_cfg_of_a_resume_shows_the_runs_recipe_with_the_command_line_on_top(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step_4.pt").write_bytes(b"weights")  # no last.pt: the recipe comes from .hydra/
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "overrides.yaml").write_text("- model=tiny\n- training.max_steps=4\n- training.lr=0.002\n")
+    shown = before_hydra.the_resumed_recipe_shown(["train", f"resume={run}", "training.max_steps=8", "--cfg", "job"])
+    assert shown == ["train", "--cfg", "job", "model=tiny", "training.lr=0.002", "training.max_steps=8",
+                     f"resume={run}"]
+    auto = ["train", "--help", "resume=auto", f"hydra.run.dir={run}"]
+    assert before_hydra.the_resumed_recipe_shown(auto) == [
+        "train", "--help", "model=tiny", "training.max_steps=4", "training.lr=0.002", "resume=auto",
+        f"hydra.run.dir={run}"]
+    for argv in (["train", f"resume={run}"],  # a run: the job composes the recipe itself
+                 ["train", f"resume={tmp_path / 'nothing'}", "--help"], ["train", "--help"]):
+        assert before_hydra.the_resumed_recipe_shown(argv) == argv
 
 
 def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tmp_path, monkeypatch):

@@ -298,6 +298,8 @@ def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) 
     assert first.returncode == 0, first.stderr[-2000:]
     assert load_checkpoint(run / "checkpoints" / "last.pt")["recipe"] == [*recipe, "training.max_steps=4",
                                                                           f"output_dir={run}"]
+    shown = _train_command(tmp_path, f"resume={run}", "training.max_steps=8", "--cfg", "job")  # flags last
+    assert shown.returncode == 0 and "  d_model: 32\n" in shown.stdout and "  max_steps: 8\n" in shown.stdout
     resumed = _train_command(tmp_path, f"resume={run / 'checkpoints' / 'last.pt'}", "training.max_steps=8",
                              f"hydra.run.dir={tmp_path / 'again'}")
     assert resumed.returncode == 0, resumed.stderr[-2000:]

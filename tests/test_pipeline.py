@@ -255,6 +255,23 @@ def test_resume_continues_in_its_run_directory_and_refuses_other_batches(compose
     assert any("resuming the run in" in line for line in log_lines) and any("test (" in line for line in log_lines)
 
 
+def test_a_mid_epoch_checkpoint_of_two_processes_is_refused_before_any_work(compose_config, toy_corpus, tmp_path,
+                                                                            monkeypatch):
+    from transformer.training.checkpoints import save_checkpoint
+
+    _train(compose_config, toy_corpus, tmp_path / "run", "training.max_steps=3")  # stops inside epoch 1
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    by_two = load_checkpoint(last)
+    by_two["rng"] = by_two["rng"] * 2  # as two processes write it: one RNG state each
+    last.unlink()
+    save_checkpoint(by_two, last)
+    before = sorted(path.relative_to(tmp_path) for path in (tmp_path / "run").rglob("*"))
+    monkeypatch.setattr(pipeline, "build_training_data", lambda *args: pytest.fail("data was read before the refusal"))
+    with pytest.raises(CheckpointError, match=r"written by 2 process\(es\) in the middle of epoch 1, this run has 1"):
+        _train(compose_config, toy_corpus, tmp_path / "x", "training.max_steps=6", f"resume={tmp_path / 'run'}")
+    assert sorted(path.relative_to(tmp_path) for path in (tmp_path / "run").rglob("*")) == before  # no new events
+
+
 def test_resuming_on_changed_training_files_is_refused_mid_epoch_and_warned_at_an_epochs_end(compose_config,
                                                                                             toy_corpus, tmp_path,
                                                                                             caplog, monkeypatch):

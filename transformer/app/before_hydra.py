@@ -121,9 +121,14 @@ def refuse_a_held_run_dir(argv: list[str]) -> None:
         given = overrides_given([arg for arg in argv if "=" in arg and not arg.startswith("-")])
     except HydraException:  # a malformed override: Hydra itself reports it, with its own message
         return
-    if "-m" in argv or "--multirun" in argv or given.get("hydra.run.dir") is None:
+    if "-m" in argv or "--multirun" in argv:
         return
-    folder = Path(str(given["hydra.run.dir"]))
+    if given.get("hydra.run.dir") is not None:
+        folder = Path(str(given["hydra.run.dir"]))
+    elif given.get("resume") not in (None, "auto"):  # a run before its first save: no checkpoints/ to go by yet
+        folder = _run_root(Path(str(given["resume"])))
+    else:
+        return
     if (holder := holder_of(folder)) is not None:
         key = "resume" if given.get("resume") not in (None, "auto") else "hydra.run.dir"
         sys.exit(in_use_message(key, folder, holder))
@@ -181,12 +186,17 @@ def resume_in_its_run_dir(argv: list[str]) -> list[str]:
         return []
     if given.get("resume") in (None, "auto") or "hydra.run.dir" in given:
         return []
-    target = Path(str(given["resume"]))
-    root = target.parent.parent if target.is_file() and target.parent.name == "checkpoints" else (
-        target.parent if target.name == "checkpoints" else target)
+    root = _run_root(Path(str(given["resume"])))
     if not (root / "checkpoints").is_dir():
         return []  # not a run: the command names what is wrong with resume=
     return [f"hydra.run.dir={override_value(root)}", "hydra.output_subdir=null"]
+
+
+def _run_root(target: Path) -> Path:
+    """The run folder ``resume=target`` names: the run, its ``checkpoints/`` folder or a checkpoint in it."""
+    if target.is_file() and target.parent.name == "checkpoints":
+        return target.parent.parent
+    return target.parent if target.name == "checkpoints" else target
 
 
 def as_a_rank_above_0(argv: list[str]) -> list[str]:
@@ -203,3 +213,44 @@ def as_a_rank_above_0(argv: list[str]) -> list[str]:
     except HydraException:  # a malformed override: Hydra itself reports it, with its own message
         named = True
     return quiet if named else [*quiet, "hydra.run.dir=."]
+
+
+def with_overrides(argv: list[str], extra: list[str]) -> list[str]:
+    """``argv`` with the overrides ``extra`` beside its own: Hydra reads a command line's overrides as one run of
+    words, so a flag (``--help``, ``--cfg job``) may stand before or after them, not among them."""
+    at = next((i for i, arg in enumerate(argv) if i and "=" in arg and not arg.startswith("-")), len(argv))
+    return [*argv[:at], *extra, *argv[at:]]
+
+
+def the_resumed_recipe_shown(argv: list[str]) -> list[str]:
+    """``argv`` (``sys.argv``) for ``--help`` or ``--cfg`` of a resume: the resumed run's recipe with the command's
+    overrides on top, as the job would compose them (``cli._with_recipe``), so that the config Hydra shows is the
+    one the resume trains with. Any other command line as it is."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from transformer.checkpoint import CheckpointError
+    from transformer.overrides import merge_overrides
+    from transformer.training.resume import saved_recipe
+
+    if not any(arg in ("-h", "--help", "-c", "--cfg") for arg in argv[1:]):
+        return argv
+    overrides = [arg for arg in argv[1:] if "=" in arg and not arg.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:  # a malformed override: Hydra itself reports it
+        return argv
+    given = {o.key_or_group: o.value() for o in parsed}
+    resume = given.get("resume")
+    if resume == "auto" and given.get("hydra.run.dir") is not None:  # auto continues a run that has checkpoints
+        resume = given["hydra.run.dir"] if (Path(str(given["hydra.run.dir"])) / "checkpoints").is_dir() else None
+    if resume in (None, "auto"):
+        return argv
+    try:
+        earlier = saved_recipe(str(resume))
+    except (ConfigError, CheckpointError, OSError):  # the command, run, says what is wrong with resume=
+        return argv
+    if earlier is None:
+        return argv
+    own = [o.input_line for o in parsed if o.key_or_group == "resume" or o.key_or_group.startswith("hydra")]
+    flags = [arg for arg in argv[1:] if arg not in overrides]
+    return with_overrides([argv[0], *flags], [*merge_overrides(earlier, overrides), *own])

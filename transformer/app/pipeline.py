@@ -42,7 +42,7 @@ from transformer.training import glove
 from transformer.training.checkpoints import CheckpointManager, choose_final_weights, save_model
 from transformer.training.distributed import DistContext, broadcast_object, cleanup, init_distributed
 from transformer.training.optim import build_optimizer
-from transformer.training.resume import check_training_split, load_for_resume, take_up_history
+from transformer.training.resume import check_resumable, check_training_split, load_for_resume, take_up_history
 from transformer.training.run_lock import hold_run
 from transformer.training.trainer import Trainer
 from transformer.training.validation import make_validator
@@ -108,6 +108,7 @@ def _start_run(cfg: TrainConfig, dist: DistContext,
         _hold(run, "output_dir", dist, held, then=_refuse_a_started_run)
     else:
         resumed, run, path = load_for_resume(cfg.resume, to_plain_dict(cfg))
+        check_resumable(resumed, dist.world_size)  # another number of processes mid-epoch: before any work
         _hold(run, "resume", dist, held)
         for stale in files.remove_stale_temporaries(run.checkpoints) if dist.is_main else []:  # never read, only space
             log.info("removed %s, which a write killed midway left", stale)

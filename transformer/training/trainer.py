@@ -344,6 +344,8 @@ class Trainer:
         if reading.interrupt:
             self.save_now("interrupt")
             last = self.checkpoints.last_path  # <run>/checkpoints/last.pt
+            if not self.dist.is_main:  # rank 0 wrote it, and says so
+                raise KeyboardInterrupt(f"interrupted at step {self.step}; rank 0 saved the run's {last.name}")
             raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {last} (resume={last.parent.parent} "
                                     "continues it)")
 

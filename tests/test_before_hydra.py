@@ -130,6 +130,20 @@ def test_help_or_cfg_of_a_resume_shows_the_runs_recipe_with_the_command_line_on_
         assert before_hydra.the_resumed_recipe_shown(argv) == argv
 
 
+def test_a_group_option_that_is_not_there_is_refused_in_one_line_naming_the_nearest():
+    root = CONFIG_DIR / "train.yaml"
+    options = sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml"))
+    assert {"tiny", "small", "base"} <= set(options)
+    with pytest.raises(SystemExit, match=rf"^model=tinyy: no such option; did you mean model=tiny\? The options: "
+                                         rf"{', '.join(options)}$"):
+        before_hydra.refuse_unknown_options(["debug=cpu_tiny", "model=tinyy", "--cfg", "job"], root)
+    with pytest.raises(SystemExit, match=r"^experiment=zzz: no such option; the options: attention_additive, "):
+        before_hydra.refuse_unknown_options(["experiment=zzz"], root)
+    for argv in (["model=tiny", "debug=cpu_tiny", "training.lr=1"], ["model=tiny,huge"], ["~experiment"],
+                 ["hydra/job_logging=stderr"]):  # a sweep's options: each job is checked in .sweeps
+        before_hydra.refuse_unknown_options(argv, root)
+
+
 def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(SystemExit) as refused:

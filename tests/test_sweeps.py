@@ -52,9 +52,11 @@ def test_a_group_option_that_is_not_there_is_one_line_with_the_options(tmp_path,
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as refused:
         _refuse(["-m", "model=tiny,huge"])
-    assert refused.value.code.startswith("job 1 (model=huge): In 'train': Could not find 'model/huge'; Available "
-                                         "options in 'model': base, ")
-    assert "\n" not in refused.value.code
+    options = sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml"))
+    assert refused.value.code == f"job 1 (model=huge): model=huge: no such option; the options: {', '.join(options)}"
+    with pytest.raises(SystemExit) as refused:
+        _refuse(["-m", "model=smal,tiny"])
+    assert refused.value.code.startswith("job 0 (model=smal): model=smal: no such option; did you mean model=small? ")
 
 
 def test_each_job_is_checked_as_its_job_sees_its_config(tmp_path, monkeypatch) -> None:

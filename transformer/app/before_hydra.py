@@ -44,6 +44,42 @@ def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> No
         sys.exit(str(error))
 
 
+def refuse_unknown_options(argv: list[str], root_config: Path) -> None:
+    """Exit in one line when ``GROUP=OPTION`` in ``argv`` names an option the group lacks (:func:`unknown_option`):
+    Hydra would answer with a paragraph and its search path. A sweep's options are left to :mod:`.sweeps`, which
+    checks each job."""
+    if (refusal := unknown_option([arg for arg in argv if "=" in arg and not arg.startswith("-")],
+                                  root_config)) is not None:
+        sys.exit(refusal)
+
+
+def unknown_option(overrides: list[str], root_config: Path) -> str | None:
+    """The refusal of the first ``GROUP=OPTION`` of ``overrides`` whose option the group's folder beside
+    ``root_config`` lacks, naming the nearest option and all of them; None when every option is there."""
+    import difflib
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException:  # a malformed override: Hydra itself reports it
+        return None
+    groups = config_groups(root_config)
+    for override in parsed:
+        group, option = override.key_or_group, override.value()
+        if group not in groups or not isinstance(option, str) or override.is_delete():
+            continue
+        folder = root_config.parent / group
+        if (folder / f"{option}.yaml").is_file():
+            continue
+        options = sorted(str(path.relative_to(folder).with_suffix("")) for path in folder.rglob("*.yaml"))
+        nearest = difflib.get_close_matches(option, options, n=1)
+        listed = f"the options: {', '.join(options)}"
+        return f"{group}={option}: no such option; " + (f"did you mean {group}={nearest[0]}? T{listed[1:]}"
+                                                         if nearest else listed)
+    return None
+
+
 def config_groups(root_config: Path) -> list[str]:
     """The config groups (``model``, ``experiment``, ...) that a command's root config YAML chooses from: names a
     command line may give beside the schema's keys."""

@@ -19,9 +19,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer.app.before_hydra import config_groups, overrides_given
+from transformer.app.before_hydra import config_groups, overrides_given, unknown_option
 from transformer.app.failures import one_line, user_errors
 from transformer.app.schemas import refuse_unknown_overrides
+from transformer.config import ConfigError
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # Flags under which Hydra runs no job (help, a printed config, shell completion, a rerun), or composes from configs
@@ -69,11 +70,13 @@ def refuse_a_bad_job(argv: list[str], config_dir: Path, command: str, schema: ty
         except Exception:  # a sweep that does not compose, or that the basic sweeper cannot make: Hydra meets it
             return  # again and says why, in its own words
         for num, job in enumerate(jobs):
+            shown = " ".join(override for override in job if override.partition("=")[0] in swept)
             try:
                 refuse_unknown_overrides(schema, job, groups)  # one line for a value of the wrong type
+                if (refusal := unknown_option(job, config_dir / f"{command}.yaml")) is not None:
+                    raise ConfigError(refusal)
                 check(_job_config(app.config_loader, sweep, job, num))
             except user_errors() as error:
-                shown = " ".join(override for override in job if override.partition("=")[0] in swept)
                 sys.exit(f"job {num}{f' ({shown})' if shown else ''}: {_one_line(error)}")
 
 

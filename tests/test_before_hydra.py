@@ -144,6 +144,29 @@ def test_a_group_option_that_is_not_there_is_refused_in_one_line_naming_the_near
         before_hydra.refuse_unknown_options(argv, root)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["training.lr"], "training.lr: not an override; give KEY=VALUE or GROUP=OPTION (or ~KEY to delete one)"),
+    (["model=small", "training.lr=[1"], "training.lr=[1: not an override Hydra can read (no viable alternative at "
+                                        "input '[1'); quote a value"),
+    (["model=tiny,"], "model=tiny,: not an override Hydra can read (mismatched input '<EOF>'); quote"),
+    (["data.dir='my corpus"], "data.dir='my corpus: not an override Hydra can read (a quote left open, or a "
+                              "character outside the grammar); quote"),
+    (["-m", "model=tiny,small", "--cfg", "job"], "--cfg and --multirun: Hydra does one of --multirun, --cfg and "
+                                                 "--info at a time; give one"),
+])
+def test_a_malformed_override_is_refused_in_one_line_naming_it(argv, message):
+    with pytest.raises(SystemExit) as refused:
+        before_hydra.refuse_malformed_overrides(argv)
+    assert refused.value.code.startswith(message) and "\n" not in refused.value.code and "https" not in refused.value.code
+
+
+def test_flags_and_their_values_are_not_taken_for_overrides():
+    for argv in (["--cfg", "job", "model=tiny"], ["-c", "hydra"], ["--info", "searchpath", "model=tiny"], ["--info"],
+                 ["-cn", "train", "-cp", "configs", "--help"], ["-m", "training.lr=1e-3,2e-3", "data.dir=a b"],
+                 ["~experiment", "+training.max_steps=3", "eval@x=greedy"], ["-sc", "query=tra"]):
+        before_hydra.refuse_malformed_overrides(argv)
+
+
 def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(SystemExit) as refused:

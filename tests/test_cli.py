@@ -26,9 +26,10 @@ def test_config_path_is_the_repository_configs_folder() -> None:
 
 
 @pytest.mark.parametrize("inherited", [signal.SIG_IGN, signal.SIG_DFL])
-def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited) -> None:
+def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited, monkeypatch) -> None:
     # A script's background job inherits SIGINT ignored; the commands restore Python's KeyboardInterrupt. A command
     # started with SIGINT's default (not Python's handler: here, a deliberate choice) keeps it.
+    monkeypatch.setattr(sys, "argv", ["transformer-command"])
     before, before_term = signal.signal(signal.SIGINT, inherited), signal.getsignal(signal.SIGTERM)
     try:
         cli._setup()
@@ -118,6 +119,11 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                                               "Optional"),
     (cli.evaluate_main, ["run_dir=x", "ensemble=run2"], "ensemble=run2: Invalid value assigned: str is not a "
                                                         "ListConfig, list or tuple; give a list: ensemble=[run2]"),
+    (cli.train_main, ["hydra.run.dri=x"], "hydra.run.dri: no such setting; did you mean hydra.run.dir?"),
+    (cli.evaluate_main, ["run_dir=x", "hydra.job.chdir=maybe"], "hydra.job.chdir=maybe: Value 'maybe' is not a "
+                                                                "valid bool (type str)"),
+    (cli.train_main, ["model=tinyy"], "model=tinyy: no such option; did you mean model=tiny? The options: "
+                                      + ", ".join(sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml")))),
 ])
 def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_one_line(
         monkeypatch, tmp_path, main, argv, message) -> None:
@@ -145,7 +151,9 @@ def test_the_keys_hydra_and_the_config_groups_own_pass_the_command_line_check() 
     argv = ["-m", "--cfg", "job", "model=small", "experiment=multi30k_cpu", "debug=cpu_tiny", "+experiment=glove",
             "~eval.beam_size", "hydra.run.dir=x", "hydra/launcher=basic", "model.glove.path=g.txt",
             "training.lr=1e-3,2e-3", "data.tokenizer.vocab_size=8000", "resume=auto", "eval@x=y",
-            "model.d_model=${model.d_ff}", "model.norm=pre", "training.max_steps=null", "model.dropout=0"]
+            "model.d_model=${model.d_ff}", "model.norm=pre", "training.max_steps=null", "model.dropout=0",
+            "hydra.job_logging.root.level=ERROR", "hydra.sweep.subdir=${hydra.job.num}", "hydra.output_subdir=null",
+            "hydra.mode=MULTIRUN", "hydra.sweeper.params.x=1,2", "hydra.verbose=true"]
     cli.schemas.refuse_unknown_overrides(TrainConfig, argv, ["model", "experiment", "debug", "data", "eval"])
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,45 @@ def overrides_given(overrides: list[str]) -> dict[str, Any]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(overrides)}
+
+
+# Hydra's flags that take the next word as their value (``--info`` takes one of INFO_TOPICS, if one follows).
+VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir",
+               "--experimental-rerun")
+INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+MODES = {"-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg", "--cfg": "--cfg", "-i": "--info",
+         "--info": "--info"}  # what Hydra does instead of running the command once, each alone
+
+
+def refuse_malformed_overrides(argv: list[str]) -> None:
+    """Exit in one line naming the first word of ``argv`` that is meant as an override but does not parse as one
+    (``training.lr``, ``'training.lr=[1'``): Hydra would print its parser's message without the override, and a
+    link to the grammar of another version."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "-sc" in argv or "--shell-completion" in argv:
+        return
+    modes = sorted({MODES[arg] for arg in argv if arg in MODES})
+    if len(modes) > 1:  # Hydra raises ValueError, with a traceback
+        sys.exit(f"{' and '.join(modes)}: Hydra does one of --multirun, --cfg and --info at a time; give one")
+    previous = None
+    for arg in argv:
+        is_a_flag_or_its_value = arg.startswith("-") or previous in VALUE_FLAGS or (
+            previous in ("-i", "--info") and arg in INFO_TOPICS)
+        previous = arg
+        if is_a_flag_or_its_value:
+            continue
+        try:
+            OverridesParser.create().parse_overrides([arg])
+        except HydraException as error:
+            if "=" not in arg and not arg.startswith("~"):
+                sys.exit(f"{arg}: not an override; give KEY=VALUE or GROUP=OPTION (or ~KEY to delete one)")
+            reason = "; ".join(line.strip() for line in str(error).splitlines()
+                               if line.strip() and not line.startswith(("See https:", "Error parsing override")))
+            reason = ("a quote left open, or a character outside the grammar" if "LexerNoViableAlt" in reason else
+                      re.sub(r" expecting \{[^}]*\}", "", reason))  # the parser's list of every token it could take
+            sys.exit(f"{arg}: not an override Hydra can read ({reason}); quote a value that holds brackets, "
+                     "commas, quotes or spaces: 'KEY=\"VALUE\"', and give a list as KEY=[A,B]")
 
 
 def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> None:

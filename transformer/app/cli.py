@@ -219,6 +219,7 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
     step and saves: ``runtime.defer_sigint``).
     """
     schemas.register_configs()
+    before_hydra.refuse_malformed_overrides(sys.argv[1:])
     if schema is not None:
         before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
         before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")

@@ -240,19 +240,22 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
     ``schema`` (or of its config ``groups``: ``experiment=...``), naming the nearest one. Hydra itself would say only
     that the key is not in the struct and suggest adding it with ``+key=value``, which ``refuse_unknown_keys`` refuses
     in turn, after composing. A value that cannot become its setting's type is refused here too, in one line."""
+    from hydra.conf import HydraConf
+
     for arg in argv:
         key = arg.partition("=")[0].lstrip("+")  # +key=value adds a key: one the schema has, or it is refused later
-        if "=" not in arg or arg.startswith(("-", "~")) or key.startswith("hydra.") or not all(
-                part.isidentifier() for part in key.split(".")):
-            continue  # flags, deletions, Hydra's own settings, group paths (a/b) and packages (a@b)
-        node, prefix = schema, ""
-        for depth, part in enumerate(key.split(".")):
+        if "=" not in arg or arg.startswith(("-", "~")) or not all(part.isidentifier() for part in key.split(".")):
+            continue  # flags, deletions, group paths (a/b) and packages (a@b)
+        node, prefix, parts = schema, "", key.split(".")
+        if key.startswith("hydra."):  # Hydra's own settings, by its schema
+            node, prefix, parts = HydraConf, "hydra.", parts[1:]
+        for depth, part in enumerate(parts):
             hints = typing.get_type_hints(node)
             known = [f.name for f in dataclasses.fields(node)]
             if part not in known:
-                if depth == 0 and part in groups:
+                if depth == 0 and part in groups and not prefix:
                     break
-                names = known + sorted(set(groups) - set(known)) if depth == 0 else known
+                names = known + sorted(set(groups) - set(known)) if depth == 0 and not prefix else known
                 nearest = difflib.get_close_matches(part, names, n=1)
                 hint = f"did you mean {prefix}{nearest[0]}?" if nearest else f"the settings here: {', '.join(names)}"
                 raise ConfigError(f"{prefix}{part}: no such setting; {hint}")
@@ -260,7 +263,7 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
             if typing.get_origin(kind) is typing.Union:  # Optional[SomeConfig]
                 kind = next((option for option in typing.get_args(kind) if option is not type(None)), kind)
             if not dataclasses.is_dataclass(kind):
-                if depth == key.count("."):
+                if depth == len(parts) - 1:
                     _refuse_a_mistyped_value(node, part, arg, f"{prefix}{part}")
                 break  # a mapping, whose keys are free
             node, prefix = kind, f"{prefix}{part}."

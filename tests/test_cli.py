@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,20 @@ def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_
         main()
     assert exit_info.value.code == message  # sys.exit(message): printed to stderr, exit status 1
     assert not list(tmp_path.iterdir())  # nothing written: no run folder, no log
+
+
+@pytest.mark.parametrize("main", [cli.train_main, cli.serve_main])
+def test_version_names_this_package_and_hydra(monkeypatch, capsys, main) -> None:
+    import hydra
+
+    from transformer import __version__
+
+    monkeypatch.setattr(sys, "argv", ["transformer-command", "model=small", "--version"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M)[1]
+    assert exit_info.value.code == 0 and __version__ == version
+    assert capsys.readouterr().out == f"transformer-command {version} (Hydra {hydra.__version__})\n"
 
 
 @pytest.mark.parametrize("main", [cli.train_main, cli.evaluate_main, cli.benchmark_main, cli.diversify_main,

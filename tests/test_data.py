@@ -325,9 +325,11 @@ def test_a_source_dir_that_does_not_exist_is_refused_not_downloaded_around(tmp_p
 
 def test_a_split_multi30k_lacks_is_refused_naming_those_it_has(tmp_path):
     cfg = DataConfig(dir=str(tmp_path / "m30k"))
-    with pytest.raises(DataError, match=r"split 'tset': Multi30k has no such split; it has train, val, "
+    with pytest.raises(DataError, match=r"^split=tset: Multi30k has no such split; it has train, val, "
                                         r"test_2016_flickr, test_2017_flickr, test_2017_mscoco, test_2018_flickr$"):
-        load_split(cfg, "tset")
+        load_split(cfg, "tset")  # a split asked for by name (transformer-evaluate split=tset)
+    with pytest.raises(DataError, match=r"^data\.test_split=tset: Multi30k has no such split; it has train, "):
+        load_split(DataConfig(dir=str(tmp_path / "m30k"), test_split="tset"), "tset")  # the key that names it
     (tmp_path / "m30k").mkdir()  # a split the user placed in the folder is read as it is
     for lang, line in (("en", "a house"), ("de", "ein Haus")):
         (tmp_path / "m30k" / f"mine.{lang}").write_text(line + "\n")

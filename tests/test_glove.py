@@ -19,6 +19,7 @@ from transformer.data.tokenizer import SPECIAL_PIECES, WordTokenizer
 from transformer.model.transformer import build_model
 from transformer.training.glove import (
     GloveError,
+    check_dimension,
     init_embedding_from_glove,
     init_model_embeddings,
     read_vectors,
@@ -168,6 +169,9 @@ def test_multi_word_entries_are_read(tmp_path: Path) -> None:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(GloveError, match=rf"{re.escape(str(tmp_path / 'nope.txt'))}.*not found"):
         vector_dim(tmp_path / "nope.txt")
+    glove = GloveConfig(path=str(tmp_path / "nope.txt"))  # as a training run checks it: the key named too
+    with pytest.raises(GloveError, match=rf"^model\.glove\.path: {re.escape(glove.path)}: vector file not found$"):
+        check_dimension(glove, 50)
 
 
 def test_an_unreadable_file_names_it(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ def test_a_held_folder_is_refused_naming_the_holder_and_free_once_let_go(tmp_pat
                                               rf"training in {run}; "):
             with hold_run(run, "resume"):
                 pass
-    assert holder_of(run) is None
+    assert holder_of(run) is None and (run / LOCK_FILE).read_text() == ""  # no id that looks like a live holder
     with hold_run(run, "resume"):
         pass
 

@@ -218,6 +218,11 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
     process group: so SIGINT raises KeyboardInterrupt here too, from the start (training itself first finishes its
     step and saves: ``runtime.defer_sigint``).
     """
+    if "--version" in sys.argv[1:]:  # Hydra's own would name Hydra's version alone
+        import transformer
+
+        print(f"{Path(sys.argv[0]).name} {transformer.__version__} (Hydra {hydra.__version__})")
+        sys.exit(0)
     schemas.register_configs()
     before_hydra.refuse_malformed_overrides(sys.argv[1:])
     if schema is not None:

@@ -29,7 +29,6 @@ waits in the queue is dropped there, so an abandoned request does not hold the d
 from __future__ import annotations
 
 import errno
-import importlib.metadata
 import logging
 import socket
 import sys
@@ -46,6 +45,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
+import transformer
 from transformer import files
 from transformer.app.batcher import Batcher
 from transformer.app.http_requests import (
@@ -236,7 +236,7 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         yield
         await service.batcher.stop()
 
-    app = FastAPI(title="transformer-serve", lifespan=lifespan, version=_package_version(),
+    app = FastAPI(title="transformer-serve", lifespan=lifespan, version=transformer.__version__,
                   description="Translate with a trained model and explore its attention.")
     app.state.batcher = service.batcher
     app.mount("/static", StaticFiles(directory=ASSETS), name="static")
@@ -313,14 +313,6 @@ _REFUSED = {400: "the body is not UTF-8 or not JSON", 403: "a browser sent it fr
             413: "the body, the sentences or the tokens exceed a limit",
             415: "the body is declared as something other than JSON",
             422: "a field is missing, of the wrong type or out of range", 503: "attention maps are not available"}
-
-
-def _package_version() -> str:
-    """This package's version, as the API page shows it (FastAPI's own default would be 0.1.0)."""
-    try:
-        return importlib.metadata.version("transformer")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
 
 
 def _responses(answer: dict[str, Any], *refusals: int) -> dict[int | str, dict[str, Any]]:

@@ -291,7 +291,9 @@ def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
         known = (*MULTI30K_SPLITS, *MULTI30K_EXTRA_TESTS)
         placed = any((directory / f"{split}.{cfg.src}{ext}").is_file() for ext in ("", ".gz"))  # counts too
         if split not in known and not placed:
-            raise DataError(f"split {split!r}: Multi30k has no such split; it has {', '.join(known)}")
+            key = next((f"data.{name}" for name in ("test_split", "valid_split", "train_split")
+                        if getattr(cfg, name) == split), "split")
+            raise DataError(f"{key}={split}: Multi30k has no such split; it has {', '.join(known)}")
         prepare_multi30k(directory, langs=(cfg.src, cfg.tgt), splits=(split,), source_dir=cfg.source_dir)
     elif not directory.is_dir():
         raise DataError(f"data.dir={cfg.corpus_dir}: directory not found (data.corpus=custom)")

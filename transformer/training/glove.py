@@ -296,7 +296,10 @@ def check_dimension(glove: GloveConfig, d_model: int) -> None:
     """Fail before any work when the vector file's dimension cannot match the model (no-op without a path)."""
     if glove.path is None:
         return
-    dim = vector_dim(glove.path, expected_dim=d_model)
+    try:
+        dim = vector_dim(glove.path, expected_dim=d_model)
+    except GloveError as error:  # the file named: the key that names it, too
+        raise GloveError(f"model.glove.path: {error}") from None
     if dim != d_model:
         raise ConfigError(
             f"model.glove.path: {glove.path} holds {dim}-dimensional vectors but model.d_model={d_model}; "

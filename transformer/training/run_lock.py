@@ -3,7 +3,7 @@ resume started twice, a script run again) is refused instead of writing over the
 
 The hold is an advisory lock (``flock``) on ``RUN/.train.lock``, which holds the holder's process id. The operating
 system releases it when the process ends however it ends, so a crash leaves nothing to clean up; the file itself
-stays. Where the file system has no locks (some network mounts, or no POSIX at all), the run goes on with a warning.
+stays, empty once its holder lets go (after a crash it keeps the id, but no lock). Where the file system has no locks (some network mounts, or no POSIX at all), the run goes on with a warning.
 Imports no torch: the command line is checked with it before Hydra writes into the folder.
 """
 
@@ -36,18 +36,23 @@ def hold_run(folder: Path, key: str) -> Iterator[None]:
             folder and the holder's process id.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    fd = _open(folder / LOCK_FILE)
+    fd, written = _open(folder / LOCK_FILE), False
     try:
         if (holder := _lock(fd, folder)) is not None:
             raise ConfigError(in_use_message(key, folder, holder))
         try:  # the id the next one names; a lock file of another user's (opened read-only) keeps its own
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            written = True
         except OSError:
             pass
         yield
     finally:
-        os.close(fd)  # releases the lock
+        try:
+            if written:  # let go: no id left that would look like a live holder
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)  # releases the lock
 
 
 def holder_of(folder: Path) -> str | None:

@@ -120,6 +120,8 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                                               "Optional"),
     (cli.evaluate_main, ["run_dir=x", "ensemble=run2"], "ensemble=run2: Invalid value assigned: str is not a "
                                                         "ListConfig, list or tuple; give a list: ensemble=[run2]"),
+    (cli.train_main, ["training.betas=abc"], "training.betas=abc: Invalid value assigned: str is not a ListConfig, "
+                                             "list or tuple; give a list: training.betas=[...]"),
     (cli.train_main, ["hydra.run.dri=x"], "hydra.run.dri: no such setting; did you mean hydra.run.dir?"),
     (cli.evaluate_main, ["run_dir=x", "hydra.job.chdir=maybe"], "hydra.job.chdir=maybe: Value 'maybe' is not a "
                                                                 "valid bool (type str)"),

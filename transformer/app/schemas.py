@@ -289,7 +289,13 @@ def _refuse_a_mistyped_value(node: type, name: str, arg: str, key: str) -> None:
         fields[name] = override.value()
     except ValidationError as error:
         value = arg.partition("=")[2]  # as typed: Hydra's rendering of true is True
-        hint = f"; give a list: {key}=[{value}]" if "is not a ListConfig" in str(error) else ""
+        hint = ""
+        if "is not a ListConfig" in str(error):  # a list of one, if that one would do
+            try:
+                fields[name] = [override.value()]
+                hint = f"; give a list: {key}=[{value}]"
+            except ValidationError:
+                hint = f"; give a list: {key}=[...]"
         raise ConfigError(f"{key}={value}: {str(error).splitlines()[0].rstrip('.')}{hint}") from None
 
 

@@ -122,6 +122,9 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                                         "ListConfig, list or tuple; give a list: ensemble=[run2]"),
     (cli.train_main, ["training.betas=abc"], "training.betas=abc: Invalid value assigned: str is not a ListConfig, "
                                              "list or tuple; give a list: training.betas=[...]"),
+    (cli.train_main, ["-m", "debug=cpu_tiny", "data.test_split=test_2016_flickr,nope"],  # before job 0 trains
+     "job 1 (data.test_split=nope): data.test_split=nope: Multi30k has no such split; it has train, val, "
+     "test_2016_flickr, test_2017_flickr, test_2017_mscoco, test_2018_flickr"),
     (cli.train_main, ["hydra.run.dri=x"], "hydra.run.dri: no such setting; did you mean hydra.run.dir?"),
     (cli.evaluate_main, ["run_dir=x", "hydra.job.chdir=maybe"], "hydra.job.chdir=maybe: Value 'maybe' is not a "
                                                                 "valid bool (type str)"),

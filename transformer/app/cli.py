@@ -261,8 +261,19 @@ def _checked_source(cfg: DictConfig) -> Any:
     return _one_kind_of_source(_typed(_export_search(cfg)))
 
 
+def _checked_training(cfg: DictConfig) -> Any:
+    """What a sweep's training job checks before it starts: its typed config, and its corpus's split names (the
+    first job would train for an hour before the next found its split missing)."""
+    from transformer.data.splits import refuse_unknown_split
+
+    typed = _typed(_with_recipe(cfg)[0])
+    for split in (typed.data.train_split, typed.data.valid_split, typed.data.test_split):
+        refuse_unknown_split(typed.data, split)
+    return typed
+
+
 def train_main() -> None:
-    _setup(schemas.TrainConfig, "train", lambda cfg: _typed(_with_recipe(cfg)[0]))
+    _setup(schemas.TrainConfig, "train", _checked_training)
     before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
     sys.argv = before_hydra.the_resumed_recipe_shown(sys.argv)
     sys.argv = before_hydra.with_overrides(sys.argv, before_hydra.resume_in_its_run_dir(sys.argv[1:]))

@@ -278,6 +278,19 @@ def anchored(cfg: DataConfig) -> DataConfig:
     return replace(cfg, **paths)
 
 
+def refuse_unknown_split(cfg: DataConfig, split: str) -> None:
+    """Refuse a split of Multi30k that it does not have and that no file placed in ``data.dir`` provides, naming the
+    key that asks for it (``split`` where none does: a command's own); for another corpus, nothing to check."""
+    if cfg.corpus is not CorpusKind.multi30k or (split == cfg.train_split and cfg.train_dir is not None):
+        return
+    known = (*MULTI30K_SPLITS, *MULTI30K_EXTRA_TESTS)
+    placed = any((cfg.corpus_dir / f"{split}.{cfg.src}{ext}").is_file() for ext in ("", ".gz"))  # counts too
+    if split not in known and not placed:
+        key = next((f"data.{name}" for name in ("test_split", "valid_split", "train_split")
+                    if getattr(cfg, name) == split), "split")
+        raise DataError(f"{key}={split}: Multi30k has no such split; it has {', '.join(known)}")
+
+
 def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
     """Source and target file of ``split``; Multi30k files are fetched and verified first. The training split comes
     from ``data.train_dir`` when that is set."""
@@ -288,12 +301,7 @@ def corpus_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
         return _find_split_file(directory, split, cfg.src, cfg), _find_split_file(directory, split, cfg.tgt, cfg)
     directory = cfg.corpus_dir
     if cfg.corpus is CorpusKind.multi30k:
-        known = (*MULTI30K_SPLITS, *MULTI30K_EXTRA_TESTS)
-        placed = any((directory / f"{split}.{cfg.src}{ext}").is_file() for ext in ("", ".gz"))  # counts too
-        if split not in known and not placed:
-            key = next((f"data.{name}" for name in ("test_split", "valid_split", "train_split")
-                        if getattr(cfg, name) == split), "split")
-            raise DataError(f"{key}={split}: Multi30k has no such split; it has {', '.join(known)}")
+        refuse_unknown_split(cfg, split)
         prepare_multi30k(directory, langs=(cfg.src, cfg.tgt), splits=(split,), source_dir=cfg.source_dir)
     elif not directory.is_dir():
         raise DataError(f"data.dir={cfg.corpus_dir}: directory not found (data.corpus=custom)")

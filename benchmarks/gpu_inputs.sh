@@ -14,8 +14,8 @@
 #
 #   MULTI30K_DIR=../shared/data/multi30k bash benchmarks/gpu_inputs.sh
 #
-# then send the folders with the tree (a device runner's "carry", or rsync) and run benchmarks/gpu_checks.sh. It ends
-# with the size of the tree and the folders together: what a runner that limits the upload (64 MiB) sends.
+# then copy the folders to the GPU machine with the checkout (rsync, scp) and run benchmarks/gpu_checks.sh there. It
+# ends with the size of the checkout and the folders together: what the copy moves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MULTI30K_DIR:?set MULTI30K_DIR to the folder of the gzipped Multi30k files}"

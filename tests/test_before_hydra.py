@@ -101,14 +101,17 @@ def test_a_resume_of_a_run_still_training_is_refused_before_its_first_save_too(t
                                                  rf"is training in {run}; "):
                 before_hydra.refuse_a_held_run_dir(argv)
         before_hydra.refuse_a_held_run_dir([f"resume={run}", f"hydra.run.dir={tmp_path / 'elsewhere'}"])
+        for look in (["--cfg", "job"], ["--help"], ["--cfg=job"]):  # shows the config, writes nothing: not refused
+            before_hydra.refuse_a_held_run_dir([f"resume={run}", *look])
     before_hydra.refuse_a_held_run_dir([f"resume={run}"])  # let go: the resume goes on to its own checks
 
 
 def test_added_overrides_join_the_command_lines_own_so_flags_may_stand_after_them():
-    extra = ["hydra.run.dir=r", "hydra.output_subdir=null"]
-    assert before_hydra.with_overrides(["train", "resume=r", "--help"], extra) == ["train", *extra, "resume=r", "--help"]
+    extra = ["hydra.run.dir=r", "hydra.output_subdir=null"]  # after the command line's own: these win a clash
+    assert before_hydra.with_overrides(["train", "resume=r", "a=1", "--help"], extra) == [
+        "train", "resume=r", "a=1", *extra, "--help"]
     assert before_hydra.with_overrides(["train", "--cfg", "job", "resume=r"], extra) == [
-        "train", "--cfg", "job", *extra, "resume=r"]
+        "train", "--cfg", "job", "resume=r", *extra]
     assert before_hydra.with_overrides(["train", "--cfg", "job"], extra) == ["train", "--cfg", "job", *extra]
 
 
@@ -140,19 +143,25 @@ def test_a_group_option_that_is_not_there_is_refused_in_one_line_naming_the_near
     with pytest.raises(SystemExit, match=r"^experiment=zzz: no such option; the options: attention_additive, "):
         before_hydra.refuse_unknown_options(["experiment=zzz"], root)
     for argv in (["model=tiny", "debug=cpu_tiny", "training.lr=1"], ["model=tiny,huge"], ["~experiment"],
-                 ["hydra/job_logging=stderr"]):  # a sweep's options: each job is checked in .sweeps
+                 ["hydra/job_logging=stderr"],  # a sweep's options: each job is checked in .sweeps
+                 ["--config-dir", "extra", "model=mine"], ["hydra.searchpath=[file:///extra]", "model=mine"]):
         before_hydra.refuse_unknown_options(argv, root)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["training.lr"], "training.lr: not an override; give KEY=VALUE or GROUP=OPTION (or ~KEY to delete one)"),
     (["model=small", "training.lr=[1"], "training.lr=[1: not an override Hydra can read (no viable alternative at "
-                                        "input '[1'); quote a value"),
-    (["model=tiny,"], "model=tiny,: not an override Hydra can read (mismatched input '<EOF>'); quote"),
-    (["data.dir='my corpus"], "data.dir='my corpus: not an override Hydra can read (a quote left open, or a "
-                              "character outside the grammar); quote"),
-    (["-m", "model=tiny,small", "--cfg", "job"], "--cfg and --multirun: Hydra does one of --multirun, --cfg and "
-                                                 "--info at a time; give one"),
+                                        "input '[1'); put a value with other characters than letters, digits, "
+                                        "spaces and _-+./:\\ in quotes ('KEY=\"VALUE\"' in a shell), a list in "
+                                        "brackets (KEY=[A,B])"),
+    (["model=tiny,"], "model=tiny,: not an override Hydra can read (mismatched input '<EOF>'); put a value"),
+    (["data.dir='my corpus"], "data.dir='my corpus: not an override Hydra can read (a quote left open at character "
+                              "10); put a value"),
+    (["data.source_dir=/tmp/données"], "data.source_dir=/tmp/données: not an override Hydra can read ('é' at "
+                                       "character 26); put a value"),
+    (["-m", "model=tiny,small", "--cfg", "job"], "--cfg and --multirun: Hydra does one of --run, --multirun, --cfg "
+                                                 "and --info at a time; give one"),
+    (["--cfg=job", "-r"], "--cfg and --run: Hydra does one of"),
 ])
 def test_a_malformed_override_is_refused_in_one_line_naming_it(argv, message):
     with pytest.raises(SystemExit) as refused:

@@ -150,7 +150,7 @@ def test_version_names_this_package_and_hydra(monkeypatch, capsys, main) -> None
     monkeypatch.setattr(sys, "argv", ["transformer-command", "model=small", "--version"])
     with pytest.raises(SystemExit) as exit_info:
         main()
-    version = re.search(r'^version = "(.+)"$', (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M)[1]
+    version = re.search(r"^## (\S+) — ", (REPO / "CHANGELOG.md").read_text(encoding="utf-8"), re.M)[1]  # the newest
     assert exit_info.value.code == 0 and __version__ == version
     assert capsys.readouterr().out == f"transformer-command {version} (Hydra {hydra.__version__})\n"
 
@@ -271,6 +271,11 @@ def test_a_recipe_without_its_folder_is_refused_in_one_usage_line(monkeypatch, c
 @pytest.mark.parametrize("args, message", [
     (["model.n_head=3"], "model.n_head: no such setting; did you mean model.n_heads?"),
     (["model.d_model=x"], "model.d_model=x: Value 'x' of type 'str' could not be converted to Integer"),
+    (["debug=cpu_tiny", "model=tinyy"], "model=tinyy: no such option; did you mean model=tiny? The options: "
+     + ", ".join(sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml")))),
+    (["training.lr=[1"], "training.lr=[1: not an override Hydra can read (no viable alternative at input '[1'); put "
+                         "a value with other characters than letters, digits, spaces and _-+./:\\ in quotes "
+                         "('KEY=\"VALUE\"' in a shell), a list in brackets (KEY=[A,B])"),
     (["--parallel", "0"], "transformer-recipe: error: --parallel: runs at once must be >= 1, got 0"),
 ])
 def test_a_recipe_refuses_a_bad_override_or_option_before_any_run(monkeypatch, tmp_path, capsys, args,
@@ -305,10 +310,10 @@ def test_train_entry_point_stops_on_a_bad_value_before_any_work(tmp_path: Path) 
     assert result.returncode == 1 and [p.name for p in (tmp_path / "outputs" / "train").iterdir()] == ["an_earlier_run"]
 
 
-def _train_command(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+def _train_command(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", "from transformer.app.cli import train_main; train_main()", *overrides],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=cwd, capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1",
              "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
     )
@@ -335,6 +340,19 @@ def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) 
     assert "resuming with the run's recipe" in log and "training stopped (max_steps) at step 8" in log
     assert load_checkpoint(run / "checkpoints" / "last.pt")["recipe"][-2:] == [f"output_dir={run}",
                                                                                "training.max_steps=8"]
+
+
+def test_a_run_named_its_corpus_relative_resumes_from_another_folder(toy_corpus: Path, tmp_path: Path) -> None:
+    """The recipe keeps data.dir=toy as typed; the checkpoint, the folder it meant: a resume from elsewhere uses it."""
+    recipe = ["data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false",
+              f"data.dir={toy_corpus.name}", "training.max_tokens=256", "device=cpu"]
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    first = _train_command(toy_corpus.parent, *recipe, "training.max_steps=2", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    elsewhere.mkdir()
+    resumed = _train_command(elsewhere, f"resume={run}", "training.max_steps=4")
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-2000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["config"]["data"]["dir"] == str(toy_corpus)
 
 
 def test_a_run_whose_corpus_moved_is_told_to_name_the_new_folder(toy_corpus: Path, tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+__version__ = "0.9.11"  # the distribution's too (pyproject.toml reads it from here)
+
 _HOMES = {
     "transformer.config": ("AttentionConfig", "AttentionScore", "DataConfig", "EvalConfig", "ModelConfig",
                            "PositionKind", "TokenizerConfig", "TrainConfig", "TrainingConfig"),
@@ -26,13 +28,6 @@ __all__ = sorted(_HOME_OF)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":  # the installed distribution's: pyproject.toml's version
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return version("transformer")
-        except PackageNotFoundError:  # a source tree that was never installed
-            return "unknown"
     if name not in _HOME_OF:
         raise AttributeError(f"module 'transformer' has no attribute {name!r}")
     value = getattr(importlib.import_module(_HOME_OF[name]), name)

@@ -36,7 +36,22 @@ VALUE_FLAGS = ("-c", "--cfg", "-p", "--package", "-cp", "--config-path", "-cn", 
                "--experimental-rerun")
 INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 MODES = {"-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg", "--cfg": "--cfg", "-i": "--info",
-         "--info": "--info"}  # what Hydra does instead of running the command once, each alone
+         "--info": "--info", "-r": "--run", "--run": "--run"}  # how Hydra runs the command: one at a time
+# Flags under which Hydra runs nothing and writes nothing: it shows the help, a config or its own information.
+LOOKS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info")
+# Shell completion's queries, and configs (groups) from elsewhere: Hydra answers those itself.
+ELSEWHERE = ("-sc", "--shell-completion", "-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name",
+             "hydra.searchpath", "+hydra.searchpath", "++hydra.searchpath")
+
+
+def flag(arg: str) -> str:
+    """The flag of a command-line word, its value cut off (``--cfg=job`` is ``--cfg``); other words as they are."""
+    return arg.split("=")[0] if arg.startswith("-") else arg
+
+
+def only_looks(argv: list[str]) -> bool:
+    """Whether Hydra, given ``argv``, only shows something (help, a config) and runs and writes nothing."""
+    return any(flag(arg) in LOOKS for arg in argv)
 
 
 def refuse_malformed_overrides(argv: list[str]) -> None:
@@ -47,9 +62,9 @@ def refuse_malformed_overrides(argv: list[str]) -> None:
 
     if "-sc" in argv or "--shell-completion" in argv:
         return
-    modes = sorted({MODES[arg] for arg in argv if arg in MODES})
+    modes = sorted({MODES[flag(arg)] for arg in argv if flag(arg) in MODES})
     if len(modes) > 1:  # Hydra raises ValueError, with a traceback
-        sys.exit(f"{' and '.join(modes)}: Hydra does one of --multirun, --cfg and --info at a time; give one")
+        sys.exit(f"{' and '.join(modes)}: Hydra does one of --run, --multirun, --cfg and --info at a time; give one")
     previous = None
     for arg in argv:
         is_a_flag_or_its_value = arg.startswith("-") or previous in VALUE_FLAGS or (
@@ -62,21 +77,30 @@ def refuse_malformed_overrides(argv: list[str]) -> None:
         except HydraException as error:
             if "=" not in arg and not arg.startswith("~"):
                 sys.exit(f"{arg}: not an override; give KEY=VALUE or GROUP=OPTION (or ~KEY to delete one)")
-            reason = "; ".join(line.strip() for line in str(error).splitlines()
-                               if line.strip() and not line.startswith(("See https:", "Error parsing override")))
-            reason = ("a quote left open, or a character outside the grammar" if "LexerNoViableAlt" in reason else
-                      re.sub(r" expecting \{[^}]*\}", "", reason))  # the parser's list of every token it could take
-            sys.exit(f"{arg}: not an override Hydra can read ({reason}); quote a value that holds brackets, "
-                     "commas, quotes or spaces: 'KEY=\"VALUE\"', and give a list as KEY=[A,B]")
+            sys.exit(f"{arg}: not an override Hydra can read ({_parse_failure(arg, str(error))}); put a value with "
+                     "other characters than letters, digits, spaces and _-+./:\\ in quotes ('KEY=\"VALUE\"' in a "
+                     "shell), a list in brackets (KEY=[A,B])")
+
+
+def _parse_failure(arg: str, message: str) -> str:
+    """Why Hydra's override parser refused ``arg``, from its ``message``: the character its lexer stopped at (the
+    line under the override marks it), else the parser's own reason without its list of the tokens it expected."""
+    lines = message.splitlines()
+    if lines[0].startswith("LexerNoViableAltException: ") and len(lines) > 1 and "^" in lines[1]:
+        at = lines[1].index("^") - len("LexerNoViableAltException: ")
+        if 0 <= at < len(arg):
+            return (f"a quote left open at character {at + 1}" if arg[at] in "'\"" else
+                    f"{arg[at]!r} at character {at + 1}")
+    reason = "; ".join(line.strip() for line in lines
+                       if line.strip() and not line.startswith(("See https:", "Error parsing override")))
+    return re.sub(r" expecting \{[^}]*\}", "", reason)
 
 
 def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> None:
     """Exit naming the nearest setting when a ``key=value`` of ``argv`` names none of ``schema`` (nor a config group
     that the command's ``root_config`` YAML chooses from), or naming the type when its value cannot be one: Hydra
     would answer with a paragraph (for a key, one that advises adding it with ``+``)."""
-    elsewhere = ("-sc", "--shell-completion", "-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name",
-                 "hydra.searchpath", "+hydra.searchpath", "++hydra.searchpath")
-    if any(arg.split("=")[0] in elsewhere for arg in argv):
+    if any(arg.split("=")[0] in ELSEWHERE for arg in argv):
         return  # shell completion's queries, or configs (groups) from elsewhere: Hydra answers those itself
     try:
         refuse_unknown_overrides(schema, argv, config_groups(root_config))
@@ -87,7 +111,9 @@ def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> No
 def refuse_unknown_options(argv: list[str], root_config: Path) -> None:
     """Exit in one line when ``GROUP=OPTION`` in ``argv`` names an option the group lacks (:func:`unknown_option`):
     Hydra would answer with a paragraph and its search path. A sweep's options are left to :mod:`.sweeps`, which
-    checks each job."""
+    checks each job; options from other folders (``--config-dir``, ``hydra.searchpath``) to Hydra."""
+    if any(arg.split("=")[0] in ELSEWHERE for arg in argv):
+        return
     if (refusal := unknown_option([arg for arg in argv if "=" in arg and not arg.startswith("-")],
                                   root_config)) is not None:
         sys.exit(refusal)
@@ -154,6 +180,8 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     """Before Hydra writes anything (``.hydra/``, the log) into ``hydra.run.dir``: refuse a folder holding another
     run's work, so a refused command leaves it byte for byte as it was. ``train`` refuses a folder with
     checkpoints unless it resumes that very run; ``evaluate`` one with results unless ``overwrite=true``."""
+    if only_looks(argv):  # nothing is written
+        return
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
     try:
         given = overrides_given(overrides)
@@ -191,7 +219,7 @@ def refuse_a_held_run_dir(argv: list[str]) -> None:
     training in, before Hydra rewrites its ``.hydra/`` record and appends to its log (:mod:`.run_lock`)."""
     from transformer.training.run_lock import holder_of, in_use_message
 
-    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 holds the folder, or checks it
+    if os.environ.get("RANK", "0") != "0" or only_looks(argv):  # rank 0 holds the folder; a look writes nothing
         return
     try:
         given = overrides_given([arg for arg in argv if "=" in arg and not arg.startswith("-")])
@@ -292,9 +320,11 @@ def as_a_rank_above_0(argv: list[str]) -> list[str]:
 
 
 def with_overrides(argv: list[str], extra: list[str]) -> list[str]:
-    """``argv`` with the overrides ``extra`` beside its own: Hydra reads a command line's overrides as one run of
-    words, so a flag (``--help``, ``--cfg job``) may stand before or after them, not among them."""
-    at = next((i for i, arg in enumerate(argv) if i and "=" in arg and not arg.startswith("-")), len(argv))
+    """``argv`` with the overrides ``extra`` right after its own, so that they win where both set a key: Hydra reads a
+    command line's overrides as one run of words, and a flag (``--help``, ``--cfg job``) may stand before or after
+    them, not among them."""
+    own = [i for i, arg in enumerate(argv) if i and "=" in arg and not arg.startswith("-")]
+    at = own[-1] + 1 if own else len(argv)
     return [*argv[:at], *extra, *argv[at:]]
 
 
@@ -308,7 +338,7 @@ def the_resumed_recipe_shown(argv: list[str]) -> list[str]:
     from transformer.overrides import merge_overrides
     from transformer.training.resume import saved_recipe
 
-    if not any(arg in ("-h", "--help", "-c", "--cfg") for arg in argv[1:]):
+    if not any(flag(arg) in ("-h", "--help", "-c", "--cfg") for arg in argv[1:]):
         return argv
     overrides = [arg for arg in argv[1:] if "=" in arg and not arg.startswith("-")]
     try:

@@ -70,12 +70,26 @@ def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
     resume = [f"resume={override_value(cfg.resume)}"]  # auto: resolved
     composed = hydra.compose(config_name="train", overrides=recipe + resume)
+    _anchor_corpus_folders(composed, now, cfg.resume)
     _refuse_moved_corpus(composed, now, cfg.resume)
     try:
         composed.model.glove.path  # ${oc.env:GLOVE_PATH} in the GloVe models: unset in this shell, maybe
     except OmegaConfBaseException:
         composed.model.glove.path = None  # read only when a run starts: the vectors are in the resumed weights
     return composed, recipe
+
+
+def _anchor_corpus_folders(composed: DictConfig, now: list[str], resume: str) -> None:
+    """A recipe's corpus folder named relative (as typed, ``data.dir=toy``) means the one under the folder the run
+    started in: where this command runs from elsewhere, take it from the checkpoint, which records it absolute."""
+    from transformer.training.resume import saved_folders
+
+    given = {override.split("=")[0].lstrip("+~") for override in now}
+    for key, folder in saved_folders(resume).items():
+        name = key.removeprefix("data.")
+        value = composed.data.get(name)
+        if key not in given and value is not None and not Path(value).is_absolute() and Path(folder).is_absolute():
+            composed.data[name] = folder
 
 
 def _refuse_moved_corpus(composed: DictConfig, now: list[str], resume: str) -> None:
@@ -355,7 +369,9 @@ def recipe_main() -> None:
     if args.parallel is not None and args.parallel < 1:
         parser.error(f"--parallel: runs at once must be >= 1, got {args.parallel}")
     before_hydra.refuse_an_unwritable_folder("OUT_DIR", Path(args.out_dir))
+    before_hydra.refuse_malformed_overrides(list(args.overrides))
     before_hydra.refuse_mistyped_keys(schemas.TrainConfig, list(args.overrides), Path(CONFIG_PATH) / "train.yaml")
+    before_hydra.refuse_unknown_options(list(args.overrides), Path(CONFIG_PATH) / "train.yaml")
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     # Ctrl-C, and SIGTERM alike, end the recipe as KeyboardInterrupt wherever it is (MPS is stopped on the way out);
     # while runs train, the recipe passes them on instead (transformer.app.runs). Also when started in a script's

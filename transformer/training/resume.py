@@ -248,6 +248,16 @@ def _resume_paths(target: str | Path) -> tuple[RunDir, Path]:
     return RunDir(target.parent.parent), target
 
 
+def saved_folders(target: str | Path) -> dict[str, str]:
+    """``{"data.dir": ..., "data.train_dir": ...}``: the corpus folders the run ``resume=target`` means trained on,
+    as its checkpoint records them (absolute since version 0.9.2); those it does not record are left out."""
+    _, path = _resume_paths(target)
+    if not path.is_file():
+        return {}
+    data = load_checkpoint(path, mmap=True, verify=False).get("config", {}).get("data", {})
+    return {f"data.{key}": str(data[key]) for key in ("dir", "train_dir") if data.get(key) is not None}
+
+
 def saved_recipe(target: str | Path) -> list[str] | None:
     """The command-line overrides the run ``resume=target`` means was started with: its checkpoint's ``recipe``
     (``transformer-train`` stores it), else for older runs Hydra's ``.hydra/overrides.yaml`` in the run

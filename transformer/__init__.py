@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.9.11"  # the distribution's too (pyproject.toml reads it from here)
+from transformer.version import __version__ as __version__  # the one version: pyproject.toml reads it there
 
 _HOMES = {
     "transformer.config": ("AttentionConfig", "AttentionScore", "DataConfig", "EvalConfig", "ModelConfig",

@@ -233,9 +233,9 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
     step and saves: ``runtime.defer_sigint``).
     """
     if "--version" in sys.argv[1:]:  # Hydra's own would name Hydra's version alone
-        import transformer
+        from transformer.version import __version__
 
-        print(f"{Path(sys.argv[0]).name} {transformer.__version__} (Hydra {hydra.__version__})")
+        print(f"{Path(sys.argv[0]).name} {__version__} (Hydra {hydra.__version__})")
         sys.exit(0)
     schemas.register_configs()
     before_hydra.refuse_malformed_overrides(sys.argv[1:])

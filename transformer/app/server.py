@@ -45,7 +45,6 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-import transformer
 from transformer import files
 from transformer.app.batcher import Batcher
 from transformer.app.http_requests import (
@@ -69,6 +68,7 @@ from transformer.inference.loading import TrainedModel, load_model, load_trained
 from transformer.inference.translation import TruncationWarning
 from transformer.inference.translator import Translation, Translator
 from transformer.runtime import choose_device
+from transformer.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         yield
         await service.batcher.stop()
 
-    app = FastAPI(title="transformer-serve", lifespan=lifespan, version=transformer.__version__,
+    app = FastAPI(title="transformer-serve", lifespan=lifespan, version=__version__,
                   description="Translate with a trained model and explore its attention.")
     app.state.batcher = service.batcher
     app.mount("/static", StaticFiles(directory=ASSETS), name="static")

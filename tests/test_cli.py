@@ -566,7 +566,7 @@ def test_help_says_what_the_command_does_and_shows_its_settings_as_overridden(tm
     assert setting in done.stdout and "docs/reference/configuration.md" in done.stdout
     assert "Configuration groups" not in done.stdout and "powered by Hydra" not in done.stdout
     assert list(tmp_path.iterdir()) == []  # help writes nothing
-    groups = "== Config groups (choose an option: group=option) ==\n\ndata: custom, multi30k_de_en"
+    groups = "== Config groups (choose an option: group=option) ==\n\ndata: custom, multi30k_cs_en, multi30k_de_en"
     assert (groups in done.stdout) == (command == "train")  # listed from the config search path: also in a wheel
     if command == "train":
         assert "\ndebug: cpu_tiny, overfit_batch\n" in done.stdout and "glove50" in done.stdout

@@ -362,7 +362,7 @@ def recipe_main() -> None:
     from transformer.app.pipeline import LOG_FORMAT
     from transformer.app.runs import RunFailed
 
-    parser = recipes.command_line(recipe_main.__doc__)
+    parser = recipes.command_line()
     args = parser.parse_intermixed_args()
     if args.out_dir is None:  # optional to argparse, which would otherwise call the overrides required too
         parser.error("give a recipe and its folder, e.g. transformer-recipe ensemble outputs/ensemble")

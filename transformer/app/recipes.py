@@ -289,11 +289,16 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def command_line(description: str | None = None) -> argparse.ArgumentParser:
+DESCRIPTION = """transformer-recipe: several trainings and what is made of them. ensemble: seeds trained and scored as
+one ensemble; diversified: data diversification, from the teachers through the corpus to the students scored as one;
+best_gpu: the best recipe shaped for one GPU. Guide: docs/guide/recipe.md"""
+
+
+def command_line() -> argparse.ArgumentParser:
     """``transformer-recipe``'s arguments."""
-    parser = argparse.ArgumentParser(prog="transformer-recipe", description=description)
+    parser = argparse.ArgumentParser(prog="transformer-recipe", description=DESCRIPTION)
     default = Diversified()
-    parser.add_argument("recipe", nargs="?", choices=["ensemble", "diversified", "best_gpu"])
+    parser.add_argument("recipe", nargs="?", choices=["ensemble", "diversified", "best_gpu"], help="the recipe")
     parser.add_argument("out_dir", nargs="?", help="the recipe's folder: its runs, corpus and scores")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every training, e.g. data=multi30k_de_en")
     parser.add_argument("--seeds", type=_seeds, default=default.seeds, help="the runs' seeds (diversified: the "
@@ -305,12 +310,17 @@ def command_line(description: str | None = None) -> argparse.ArgumentParser:
                         help="ensemble: finished runs of another recipe on the same data, scored with these")
     parser.add_argument("--valid-split", help="ensemble: the split to score it on besides the test split (default: "
                         "the corpus's data.valid_split)")
-    parser.add_argument("--backward-seeds", type=_seeds, default=default.backward_seeds, help="diversified (none: "
-                        "no backward teachers)")
-    parser.add_argument("--student-seeds", type=_seeds, default=default.student_seeds)
+    parser.add_argument("--backward-seeds", type=_seeds, default=default.backward_seeds, help="diversified: the "
+                        "backward teachers, the direction swapped (default "
+                        + ",".join(map(str, default.backward_seeds)) + "; none: no backward teachers)")
+    parser.add_argument("--student-seeds", type=_seeds, default=default.student_seeds, help="diversified: the "
+                        "students of the recipe's own model (default " + ",".join(map(str, default.student_seeds))
+                        + "; none: only wide ones)")
     parser.add_argument("--wide-student-seeds", type=_seeds, default=default.wide_student_seeds,
-                        help="students of model=wide")
-    parser.add_argument("--student-epochs", type=int, default=default.student_epochs)
+                        help="diversified: the students of model=wide (default "
+                        + ",".join(map(str, default.wide_student_seeds)) + "; none: no wide one)")
+    parser.add_argument("--student-epochs", type=int, default=default.student_epochs, help="diversified: the "
+                        f"students' epochs over the diversified corpus (default {default.student_epochs})")
     parser.add_argument("--no-score-teachers", action="store_true", help="diversified: score no teachers' ensemble")
     parser.add_argument("--mps", action=argparse.BooleanOptionalAction, help="run under NVIDIA MPS, so that runs "
                         "side by side share the GPU at once (default: on for best_gpu only)")

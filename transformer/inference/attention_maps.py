@@ -25,8 +25,6 @@ from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import nn
 
 from transformer import files
@@ -35,7 +33,9 @@ from transformer.data.tokenizer import BOS_PIECE, EOS_PIECE, Tokenizer
 from transformer.inference.explorer import attention_json, standalone_page
 from transformer.inference.translation import translate_hypotheses
 
-if TYPE_CHECKING:  # annotations only
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from transformer.inference.loading import TrainedModel
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,17 @@ def _font_size(n_labels: int) -> float:
     return 7.0 if n_labels <= 30 else 6.0
 
 
+def _new_figure(size: tuple[float, float]) -> Figure:
+    """An empty figure of ``size`` inches on its own Agg canvas. matplotlib is imported here, on the first figure,
+    so that the commands which draw none (translate, serve, evaluate without maps) start without it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _draw_heatmap(ax, weights: np.ndarray, query_labels: Sequence[str], key_labels: Sequence[str],
                   vmax: float, title: str):
     """One (queries, keys) heat-map with every label; returns the image for the colorbar."""
@@ -155,8 +166,7 @@ def head_grid_figure(weights: np.ndarray, query_labels: Sequence[str], key_label
     nrows = math.ceil(n_heads / ncols)
     panel_w = max(_MIN_PANEL_INCHES, n_keys * _CELL_INCHES + 0.9)
     panel_h = max(_MIN_PANEL_INCHES, n_queries * _CELL_INCHES + 0.9)
-    fig = Figure(figsize=(ncols * panel_w + 0.9, nrows * panel_h + 0.5), dpi=_DPI, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _new_figure((ncols * panel_w + 0.9, nrows * panel_h + 0.5))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     vmax = float(weights.max()) if weights.size and weights.max() > 0 else 1.0
     image = None
@@ -173,9 +183,8 @@ def head_grid_figure(weights: np.ndarray, query_labels: Sequence[str], key_label
 def alignment_figure(maps: AttentionMaps) -> Figure:
     """The head-averaged last-layer cross-attention as a target (rows) x source (columns) picture."""
     n_queries, n_keys = len(maps.tgt_pieces), len(maps.src_pieces)
-    fig = Figure(figsize=(max(_MIN_PANEL_INCHES, n_keys * _CELL_INCHES + 1.6),
-                          max(_MIN_PANEL_INCHES, n_queries * _CELL_INCHES + 1.2)), dpi=_DPI, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = _new_figure((max(_MIN_PANEL_INCHES, n_keys * _CELL_INCHES + 1.6),
+                       max(_MIN_PANEL_INCHES, n_queries * _CELL_INCHES + 1.2)))
     ax = fig.subplots()
     weights = maps.alignment()
     image = _draw_heatmap(ax, weights, maps.tgt_pieces, maps.src_pieces, max(float(weights.max()), 1e-9),
@@ -205,6 +214,8 @@ def attention_figures(maps: AttentionMaps) -> Iterator[tuple[str, Figure]]:
 
 def figure_to_array(fig: Figure) -> np.ndarray:
     """Render a figure to an (height, width, 3) uint8 RGB array."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()  # (height, width, 3)

@@ -266,6 +266,22 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
         assert on_run[-1][0].score == 0.0 and all(nbest[0].score < 0 for nbest in on_run[:-1])
 
 
+def test_both_backends_sample_n_best_best_first_and_a_near_zero_temperature_is_greedy(one_run, tmp_path):
+    from transformer import Translator
+
+    export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    sentences = (one_run.parents[2] / "toy" / "test.src").read_text().splitlines()[:12]
+    for source in (one_run, tmp_path / "exported"):
+        greedy = Translator.load(source, eval_cfg=EvalConfig(beam_size=1)).translate(sentences)
+        cold = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=1e-4)
+        assert Translator.load(source, eval_cfg=cold).translate(sentences) == greedy
+        hot = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=3.0, n_best=4)
+        samples = Translator.load(source, eval_cfg=hot).translate_scored(sentences)
+        assert all(len(nbest) == 4 for nbest in samples)
+        assert all([t.score for t in nbest] == sorted((t.score for t in nbest), reverse=True) for nbest in samples)
+        assert sum(len({t.text for t in nbest}) for nbest in samples) > len(sentences)  # not one text repeated
+
+
 def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp_path, caplog):
     from transformer import Translator
 

@@ -123,6 +123,23 @@ def test_unbatched_serving_decodes_each_request_alone(run_dir):
     _same(_pairs(greedy), expected(run_dir, lines[:1], beam_size=1))
 
 
+def test_a_server_that_samples_answers_n_best_samples_and_refuses_a_beam(run_dir):
+    samples = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=2.0, n_best=3)
+    cfg = ServeConfig(run_dir=str(run_dir), eval=samples, device="cpu", batching=False)
+    app = server.create_app(server.load_served_model(cfg), cfg)
+    lines = sentences(run_dir)[:6]
+    with server.serving_in_background(app) as url, httpx.Client() as client:
+        answer = client.post(f"{url}/translate", json={"text": lines}).json()
+        five = client.post(f"{url}/translate", json={"text": lines[0], "n_best": 5}).json()
+        beam = client.post(f"{url}/translate", json={"text": lines[0], "beam_size": 4})
+    _same(_pairs(answer), expected(run_dir, lines, **samples.__dict__))  # seeded: transformer-translate's samples
+    assert all(len(nbest) == 3 for nbest in answer["translations"])
+    assert any(len({t["text"] for t in nbest}) > 1 for nbest in answer["translations"])
+    assert len(five["translations"][0]) == 5
+    assert beam.status_code == 422 and beam.json()["field"] == "beam_size"
+    assert beam.json()["error"] == "beam_size: this server samples (eval.sampling_topk=0): give no beam_size, or 1"
+
+
 BAD = [
     (b'{"text": ', 400, "body", r"body: is not valid JSON"),
     (b'{"text": "caf\xe9"}', 400, "body", r"body: is not valid UTF-8 \(at byte offset 13\)"),

@@ -2,19 +2,32 @@
 
 Hydra composes YAML (which only overrides) on top of these dataclass schemas, so a misspelt key or a
 wrong type fails at compose time naming the key. Range checks live in ``__post_init__``, which
-``OmegaConf.to_object`` runs, and name the dotted key. Choices are ``Enum`` fields, so Hydra lists the
-valid values when given another. ``TrainConfig`` (a run, as every checkpoint stores it) is here; the other
-commands' root schemas are in ``transformer.app.schemas``.
+``OmegaConf.to_object`` runs, and name the dotted key. Choices are ``Enum`` fields (``transformer.choices``, named
+here too), so Hydra lists the valid values when given another. ``TrainConfig`` (a run, as every checkpoint stores
+it) is here; the other commands' root schemas are in ``transformer.app.schemas``.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
 
 from omegaconf import OmegaConf
+
+from transformer.choices import (
+    Activation,
+    AttentionScore,
+    CorpusKind,
+    GloveSide,
+    LengthNorm,
+    NormPosition,
+    PositionKind,
+    Precision,
+    Schedule,
+    SentencePieceModel,
+    TokenizerKind,
+)
 
 T = TypeVar("T")
 GPU_PAD_MULTIPLE = 8  # training.pad_to_multiple when unset on a GPU (tensor cores like multiples of 8); 1 on a CPU
@@ -28,74 +41,6 @@ def check(condition: bool, key: str, message: str) -> None:
     """Raise ``ConfigError("{key}: {message}")`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(f"{key}: {message}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Choices
-# --------------------------------------------------------------------------------------------------
-
-
-class CorpusKind(enum.Enum):
-    multi30k = "multi30k"  # downloaded (or copied from data.source_dir) and checksum-verified
-    custom = "custom"  # any folder of {split}.{lang}[.gz] files
-
-
-class TokenizerKind(enum.Enum):
-    sentencepiece = "sentencepiece"
-    word = "word"
-
-
-class SentencePieceModel(enum.Enum):
-    bpe = "bpe"
-    unigram = "unigram"
-
-
-class NormPosition(enum.Enum):
-    pre = "pre"  # LayerNorm before each sub-layer (stable without long warm-up)
-    post = "post"  # LayerNorm after the residual add, as in Vaswani et al. (2017)
-
-
-class PositionKind(enum.Enum):
-    sinusoidal = "sinusoidal"  # fixed absolute positions added to the embeddings (the paper's §3.5)
-    learned = "learned"  # a trained absolute position table added to the embeddings
-    relative = "relative"  # learned vectors per clipped distance j - i in self-attention scores (Shaw et al., 2018)
-    rope = "rope"  # rotary: self-attention queries and keys rotated by their positions (Su et al., 2021)
-    none = "none"  # no position information (the decoder's causal mask still orders the target)
-
-
-class AttentionScore(enum.Enum):
-    scaled_dot = "scaled_dot"  # q·k / √d_head (the paper's §3.2.1)
-    additive = "additive"  # vᵀ tanh(W_q q + W_k k) (Bahdanau et al., 2015)
-    multiplicative = "multiplicative"  # qᵀ W k (Luong et al., 2015, "general")
-
-
-class Activation(enum.Enum):
-    relu = "relu"
-    gelu = "gelu"
-
-
-class GloveSide(enum.Enum):
-    src = "src"
-    tgt = "tgt"
-    both = "both"
-
-
-class Schedule(enum.Enum):
-    inverse_sqrt = "inverse_sqrt"  # linear warm-up, then lr * sqrt(warmup / step) (the paper's shape)
-    cosine = "cosine"  # linear warm-up, then cosine decay to min_lr at max_steps
-    constant = "constant"  # linear warm-up, then flat
-
-
-class Precision(enum.Enum):
-    auto = "auto"  # bf16 autocast on CUDA, fp32 on CPU
-    fp32 = "fp32"
-    bf16 = "bf16"
-
-
-class LengthNorm(enum.Enum):
-    gnmt = "gnmt"  # score / ((5 + len) / 6) ** alpha  (Wu et al., 2016)
-    average = "average"  # score / len
-    none = "none"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -344,7 +289,7 @@ class TrainingConfig:
 
 @dataclass
 class EvalConfig:
-    """Decoding and scoring. ``beam_size: 1`` is greedy search."""
+    """Decoding and scoring. ``beam_size: 1`` is greedy search; ``sampling_topk`` other than 1 samples instead."""
 
     beam_size: int = 8  # 1: greedy. The test search's 8 with alpha 1.5 scored best on Multi30k validation (beams 4-8)
     length_penalty: float = 1.5  # GNMT alpha (length_norm=gnmt)
@@ -355,14 +300,35 @@ class EvalConfig:
     batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
     use_cache: bool = True  # the decoder's key/value cache (same output, faster)
     fixed_shape: bool = False  # search in fixed shapes, no host work a step; on a GPU a CUDA-graph replay a step
+    # Random sampling (with beam_size 1; n_best: samples per sentence). 1: search, no sampling; 0: draw each token
+    # from the whole distribution; k >= 2: from the k likeliest tokens.
+    sampling_topk: int = 1
+    sampling_topp: float = 1.0  # Sampling: from the likeliest tokens whose probabilities sum to this (nucleus)
+    sampling_temperature: float = 1.0  # Sampling: log-probabilities divided by it (< 1 sharper, > 1 flatter)
+    sampling_seed: int = 1234  # Sampling: the seed of each call's draws
     # Also report BLEU in the Multi30k papers' flavour (lowercased, Moses-normalised and -tokenised; see
     # transformer/inference/metrics.py) next to the cased sacreBLEU, which stays the headline.
     report_tokenized_bleu: bool = True
 
     def __post_init__(self) -> None:
         check(self.beam_size >= 1, "eval.beam_size", f"must be >= 1, got {self.beam_size}")
-        check(1 <= self.n_best <= self.beam_size, "eval.n_best",
-              f"must be in [1, eval.beam_size={self.beam_size}], got {self.n_best}")
+        check(self.sampling_topk >= 0, "eval.sampling_topk", f"must be >= 0, got {self.sampling_topk}")
+        check(0 < self.sampling_topp <= 1, "eval.sampling_topp", f"must be in (0, 1], got {self.sampling_topp}")
+        check(self.sampling_temperature > 0, "eval.sampling_temperature",
+              f"must be > 0, got {self.sampling_temperature}")
+        if self.sampling_topk == 1:
+            check(1 <= self.n_best <= self.beam_size, "eval.n_best",
+                  f"must be in [1, eval.beam_size={self.beam_size}], got {self.n_best}")
+            for key in ("sampling_topp", "sampling_temperature"):
+                value = getattr(self, key)
+                check(value == 1, f"eval.{key}={value}", "applies to sampling, which eval.sampling_topk=1 turns off: "
+                      "set eval.sampling_topk=0 (or k >= 2) and eval.beam_size=1 to sample")
+        else:
+            check(self.n_best >= 1, "eval.n_best", f"must be >= 1 (samples per sentence), got {self.n_best}")
+            check(self.beam_size == 1, f"eval.sampling_topk={self.sampling_topk}", "samples one token at a time, not "
+                  f"in a beam: set eval.beam_size=1 too (eval.beam_size is {self.beam_size})")
+            check(not self.fixed_shape, "eval.fixed_shape", "searches; it does not sample: set eval.fixed_shape=false "
+                  "(or eval.sampling_topk=1)")
         check(self.length_penalty >= 0, "eval.length_penalty", f"must be >= 0, got {self.length_penalty}")
         check(self.max_len_a >= 0, "eval.max_len_a", f"must be >= 0, got {self.max_len_a}")
         check(self.max_len_b >= 0, "eval.max_len_b", f"must be >= 0, got {self.max_len_b}")
@@ -410,6 +376,8 @@ class TrainConfig:
         if self.model.share_embeddings:
             check(self.data.tokenizer.joint, "model.share_embeddings",
                   "needs one joint vocabulary (data.tokenizer.joint=true)")
+        check(self.eval.sampling_topk == 1, "eval.sampling_topk", "a training run chooses and scores its model with "
+              "a search, not samples: set eval.sampling_topk=1 (sample with transformer-translate eval=sampling)")
         multiple = self.training.pad_to_multiple or GPU_PAD_MULTIPLE  # unset: the larger of the two defaults
         longest = -(-(self.data.max_len + 1) // multiple) * multiple  # BOS or EOS added, rounded up to the multiple
         check(longest <= self.model.max_positions, "model.max_positions",

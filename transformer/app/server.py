@@ -5,7 +5,7 @@ Built on FastAPI (validation, the OpenAPI page at ``/docs``) and uvicorn. Endpoi
 - ``POST /translate`` ``{"text": "..." | ["...", ...], "beam_size"?, "n_best"?}`` -> ``{"translations": [[{"text",
   "score", "pieces"}, ...n_best] per sentence], "warnings": [...]}``. Decoding goes through :class:`Translator` (so
   a run, a checkpoint and a CTranslate2 export are served alike) with the composed ``eval`` settings; a request may
-  change ``beam_size`` and ``n_best``.
+  change ``beam_size`` and ``n_best`` (a server that samples, ``eval=sampling``: ``n_best``, the samples).
 - ``POST /attention`` ``{"source": "...", "target"?: "..." | "target_pieces"?: [...]}`` -> the pieces and the
   ``[layer][head][query][key]`` weights of encoder self-, decoder self- and cross-attention
   (:func:`transformer.inference.explorer.attention_json`), teacher-forced on ``target`` (encoded), on
@@ -151,9 +151,14 @@ class Service:
         only_fields(body, ("text", "beam_size", "n_best"))
         sentences = parse_sentences(body)
         beam_size = int_field(body, "beam_size", 1, MAX_BEAM) or self.translator.eval.beam_size
-        # Not given: the server's n_best, as many as the request's beam holds.
-        n_best = int_field(body, "n_best", 1, MAX_BEAM) or min(self.translator.eval.n_best, beam_size)
-        if n_best > beam_size:
+        sampling = self.translator.eval.sampling_topk != 1  # n_best samples, each from a beam of one
+        if sampling and beam_size > 1:
+            raise RequestError(422, "beam_size", f"this server samples (eval.sampling_topk="
+                                                 f"{self.translator.eval.sampling_topk}): give no beam_size, or 1")
+        # Not given: the server's n_best, as many as the request's beam holds (sampling: the server's samples).
+        n_best = int_field(body, "n_best", 1, MAX_BEAM) or (self.translator.eval.n_best if sampling
+                                                            else min(self.translator.eval.n_best, beam_size))
+        if n_best > beam_size and not sampling:
             raise RequestError(422, "n_best", f"{n_best} translations need beam_size >= {n_best}, got {beam_size}")
         if len(sentences) > self.cfg.max_sentences:
             raise RequestError(413, "text", f"{len(sentences)} sentences; a request takes at most "

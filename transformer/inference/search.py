@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import LengthNorm
+from transformer.inference.sampling import Sampler
 from transformer.model.transformer import select_encoder_output
 
 SelectEncoder = Callable[[Any, Tensor], Any]
@@ -151,8 +152,9 @@ def greedy_search(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_
 def greedy_hypotheses(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, eos_id: int, max_len_a: float,
                       max_len_b: float, use_cache: bool = True, max_tgt_len: int | None = None,
                       select_encoder: SelectEncoder = select_encoder_output, drop_finished_at: float = 0.0,
-                      length_penalty: float = 0.0, length_norm: LengthNorm = LengthNorm.none) -> list[Hypothesis]:
-    """Arg-max decoding of a batch; finished sentences leave the batch.
+                      length_penalty: float = 0.0, length_norm: LengthNorm = LengthNorm.none,
+                      sampler: Sampler | None = None) -> list[Hypothesis]:
+    """Arg-max decoding of a batch (or, with a ``sampler``, random sampling); finished sentences leave the batch.
 
     Each step copies only the chosen tokens and their log-probs to the host (one wait for the device); the
     tokens so far are mirrored there, so finishing a sentence reads nothing more.
@@ -165,6 +167,8 @@ def greedy_hypotheses(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, 
             costs more than carrying finished rows a little longer.
         length_penalty: the GNMT alpha of ``length_norm``.
         length_norm: how each hypothesis's ``score`` is normalized (as in beam search).
+        sampler: draws each token (:mod:`~transformer.inference.sampling`) instead of taking the likeliest; the
+            score is still the model's log-probability of the tokens.
 
     Returns:
         One hypothesis per sentence.
@@ -180,7 +184,11 @@ def greedy_hypotheses(model: Decoder, src: Tensor, *, pad_id: int, bos_id: int, 
     n_finished = 0  # rows of finished sentences still in the batch
     while n_finished < len(live):
         log_probs, cache = _step_log_probs(model, prefix, enc, cache, (pad_id, bos_id))
-        best_log_prob, best = log_probs.max(dim=-1, keepdim=True)  # (rows, 1) each
+        if sampler is None:
+            best_log_prob, best = log_probs.max(dim=-1, keepdim=True)  # (rows, 1) each
+        else:
+            best = sampler.draw(log_probs)  # (rows, 1)
+            best_log_prob = log_probs.gather(1, best)
         prefix = torch.cat([prefix, best], dim=1)  # (rows, step + 1)
         on_host = torch.cat([best.double(), best_log_prob.double()], dim=1).cpu().tolist()  # one transfer
         for row, (s, (token, log_prob)) in enumerate(zip(live, on_host)):

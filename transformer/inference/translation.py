@@ -16,6 +16,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.inference.ensemble import Ensemble, select_ensemble_encoder
 from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
 from transformer.inference.metrics import Scores, corpus_scores
+from transformer.inference.sampling import Sampler
 from transformer.inference.search import Decoder, Hypothesis, beam_search, greedy_hypotheses
 from transformer.model.transformer import Transformer, select_encoder_output
 from transformer.runtime import decode_batch_size
@@ -75,7 +76,9 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     ``n_best`` empty hypotheses (score 0) without running the model. A line longer than ``max_positions`` tokens
     is cut to that length with a warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's
     position limit).
-    ``beam_size=1`` runs greedy search. The model is in eval mode during the call and restored after.
+    ``beam_size=1`` runs greedy search; ``sampling_topk`` other than 1 samples ``n_best`` translations of each
+    line (:mod:`~transformer.inference.sampling`), from a generator seeded at each call, best score first.
+    The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
     ids = encode_sources(texts, src_tok, max_positions)
@@ -84,13 +87,14 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     was_training = model.training
     model.eval()
     bar = progress_bar(len(todo), progress)
+    sampler = Sampler.from_config(cfg, device)
     try:
         with torch.inference_mode():
             batch_size = decode_batch_size(cfg, device)
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start:start + batch_size]
                 src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
-                for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_positions)):
+                for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_positions, sampler)):
                     outputs[i] = nbest
                 bar.update(len(chunk))
     finally:
@@ -129,12 +133,16 @@ def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tens
     return out.to(device)
 
 
-def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, max_tgt_len: int) -> list[list[Hypothesis]]:
-    """n-best hypotheses per sentence with the search ``cfg`` asks for."""
+def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, max_tgt_len: int,
+            sampler: Sampler | None = None) -> list[list[Hypothesis]]:
+    """n-best hypotheses per sentence with the search ``cfg`` asks for (``n_best`` samples with a ``sampler``)."""
     select_encoder = select_ensemble_encoder if isinstance(model, Ensemble) else select_encoder_output
     common = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, max_len_a=cfg.max_len_a,
                   max_len_b=cfg.max_len_b, use_cache=cfg.use_cache, max_tgt_len=max_tgt_len,
                   select_encoder=select_encoder, length_penalty=cfg.length_penalty, length_norm=cfg.length_norm)
+    if sampler is not None:  # n_best rows of each sentence, side by side: (batch * n_best, src_len)
+        samples = greedy_hypotheses(model, src.repeat_interleave(cfg.n_best, dim=0), sampler=sampler, **common)
+        return [sorted(samples[i:i + cfg.n_best], key=lambda h: -h.score) for i in range(0, len(samples), cfg.n_best)]
     if cfg.fixed_shape:
         if not isinstance(model, Transformer):
             raise ConfigError("eval.fixed_shape: decodes a single Transformer, not an ensemble; set eval.fixed_shape=false")

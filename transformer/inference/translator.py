@@ -162,6 +162,9 @@ class Translator:
                          progress: bool = False) -> list[list[Translation]]:
         """``n_best`` :class:`Translation` s of each sentence, best first (a blank sentence: empty, score 0).
         ``beam_size`` and ``n_best`` not given: the translator's (``eval``), ``n_best`` at most ``beam_size``.
+        A translator whose ``eval`` samples (``sampling_topk`` other than 1) gives ``n_best`` samples, best first:
+        from a run, the same on every call (``eval.sampling_seed``); from an export, CTranslate2's own draws, which
+        its worker threads make differ from call to call.
         ``progress``: a bar counting the translated sentences on stderr, when it is a terminal.
 
         Sentences are sorted by length and decoded ``eval.batch_size`` at a time (64 on a CPU, 512 on a GPU).
@@ -184,9 +187,10 @@ class Translator:
             if value is not None and value < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {value}")
         beam_size = beam_size or self.eval.beam_size
+        sampling = self.eval.sampling_topk != 1  # n_best samples, each from a beam of one
         if n_best is None:  # not given: the translator's n_best, as many as this call's beam holds
-            n_best = min(self.eval.n_best, beam_size)
-        if n_best > beam_size:
+            n_best = self.eval.n_best if sampling else min(self.eval.n_best, beam_size)
+        if n_best > beam_size and not sampling:
             raise ConfigError(f"n_best: {n_best} translations need beam_size >= {n_best}, got {beam_size}")
         cfg = replace(self.eval, beam_size=beam_size, n_best=n_best)
         if self._trained is not None:
@@ -200,11 +204,11 @@ class Translator:
 
     def _translate_ct2(self, sentences: list[str], cfg: EvalConfig, progress: bool) -> list[list[Translation]]:
         """Sentences grouped by their hypothesis length limit (CTranslate2 takes one per call)."""
-        greedy = cfg.beam_size == 1
+        greedy = cfg.beam_size == 1  # sampling too: one token at a time
         if not greedy:
             self._warn_once(cfg)
-        # Greedy: normalisation picks no token, so CTranslate2 returns the raw sum and the score is divided here,
-        # exactly as this app's search divides it (GNMT included).
+        # Greedy and sampling: normalisation picks no token, so CTranslate2 returns the raw sum and the score is
+        # divided here, exactly as this app's search divides it (GNMT included).
         penalty = 0.0 if greedy or cfg.length_norm is LengthNorm.none else 1.0
         tokens = [[self.src_tok.id_to_piece(i) for i in ids]  # cut to the model's positions, with a warning
                   for ids in encode_sources(sentences, self.src_tok, self.max_positions)]
@@ -219,7 +223,8 @@ class Translator:
             max_decoding_length=limit, min_decoding_length=0,  # 0: EOS may come first, as in this app's search
             max_input_length=0,  # sources are already cut to the model's positions (CTranslate2 would cut at 1024)
             return_end_token=True, return_scores=True, max_batch_size=decode_batch_size(cfg, self.device),
-            asynchronous=True)) for limit, indices in groups.items()]
+            sampling_topk=cfg.sampling_topk, sampling_topp=cfg.sampling_topp,
+            sampling_temperature=cfg.sampling_temperature, asynchronous=True)) for limit, indices in groups.items()]
         eos = self.tgt_tok.id_to_piece(self.tgt_tok.eos_id)
         with progress_bar(sum(len(indices) for indices, _ in pending), progress) as bar:
             for indices, results in pending:
@@ -238,7 +243,7 @@ class Translator:
             if greedy:
                 score /= length_penalty(max(len(pieces) + ended, 1), cfg.length_penalty, cfg.length_norm)
             hypotheses.append(self._translation([self._target_ids[p] for p in pieces], score))
-        return hypotheses
+        return sorted(hypotheses, key=lambda t: -t.score) if cfg.sampling_topk != 1 else hypotheses
 
     def search_differences(self, cfg: EvalConfig | None = None) -> list[str]:
         """Where a beam search with ``cfg`` (default: the translator's) differs from this app's own: nothing for

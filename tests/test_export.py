@@ -269,17 +269,37 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
 def test_both_backends_sample_n_best_best_first_and_a_near_zero_temperature_is_greedy(one_run, tmp_path):
     from transformer import Translator
 
-    export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none", {"beam_size": 1})
+    hot = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=3.0, n_best=4)
+    export(load_trained(one_run, torch.device("cpu")), tmp_path / "exported", "none",
+           {key: getattr(hot, key) for key in ("beam_size", "sampling_topk", "sampling_temperature")})
     sentences = (one_run.parents[2] / "toy" / "test.src").read_text().splitlines()[:12]
     for source in (one_run, tmp_path / "exported"):
         greedy = Translator.load(source, eval_cfg=EvalConfig(beam_size=1)).translate(sentences)
-        cold = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=1e-4)
-        assert Translator.load(source, eval_cfg=cold).translate(sentences) == greedy
-        hot = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=3.0, n_best=4)
-        samples = Translator.load(source, eval_cfg=hot).translate_scored(sentences)
+        cold = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=1e-4, n_best=3)
+        assert Translator.load(source, eval_cfg=cold).translate(sentences) == [line * 3 for line in greedy]
+        translator = Translator.load(source, eval_cfg=hot)
+        samples = translator.translate_scored(sentences)
         assert all(len(nbest) == 4 for nbest in samples)
         assert all([t.score for t in nbest] == sorted((t.score for t in nbest), reverse=True) for nbest in samples)
         assert sum(len({t.text for t in nbest}) for nbest in samples) > len(sentences)  # not one text repeated
+        with pytest.raises(ConfigError, match=r"^beam_size: this translator samples \(eval.sampling_topk=0\): give "
+                                              r"no beam_size, or 1; got 4$"):
+            translator.translate(sentences, beam_size=4)
+    export_default = Translator.load(tmp_path / "exported")  # the sampling the export records
+    assert export_default.eval.sampling_topk == 0 and export_default.eval.sampling_temperature == 3.0
+    assert export_default.search_differences() == []
+
+
+def test_a_run_s_samples_go_on_from_call_to_call_and_a_new_translator_repeats_them(one_run):
+    from transformer import Translator
+
+    hot = EvalConfig(beam_size=1, sampling_topk=0, sampling_temperature=3.0, n_best=2)
+    sentences = (one_run.parents[2] / "toy" / "test.src").read_text().splitlines()[:12]
+    first = Translator.load(one_run, eval_cfg=hot)
+    calls = [first.translate(sentences), first.translate(sentences)]
+    assert calls[0] != calls[1]  # one seed for the translator, not one per call: the draws go on
+    again = Translator.load(one_run, eval_cfg=hot)
+    assert [again.translate(sentences), again.translate(sentences)] == calls
 
 
 def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp_path, caplog):

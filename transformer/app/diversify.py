@@ -28,6 +28,7 @@ from transformer.config import ConfigError, to_plain_dict
 from transformer.data.corpus import DataError
 from transformer.data.splits import corpus_paths, load_split
 from transformer.inference.loading import TrainedModel, load_model
+from transformer.inference.sampling import generator
 from transformer.inference.translation import translate
 from transformer.runtime import choose_device
 
@@ -46,12 +47,13 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
         raise ConfigError(f"backward: {backward.path} translates {backward.config.data.src}->"
                           f"{backward.config.data.tgt}; the forward models' corpus needs {data.tgt}->{data.src}")
     src, tgt = load_split(data, data.train_split)
+    random = generator(cfg.eval, device)  # sampling: both directions draw from one seed, one after the other
 
     def translated(trained: TrainedModel, lines: list[str], what: str) -> list[str]:
         log.info("translating the %d training %s with %s", len(lines), what,
                  " + ".join(map(str, (trained.path, *trained.ensemble_paths))))
         nbest = translate(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
-                          trained.model.max_positions, progress=True)
+                          trained.model.max_positions, progress=True, random=random)
         return [candidates[0] for candidates in nbest]
 
     forward_tgt = translated(forward, src, f"sources ({data.src})")

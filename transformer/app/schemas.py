@@ -217,6 +217,8 @@ class BenchmarkConfig:
         check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
         check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
               f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
+        check(self.eval.sampling_topk == 1, "eval.sampling_topk", "the benchmark times the searches (greedy and beam, "
+              "cached, uncached and in fixed shapes), not sampling: leave it at 1")
 
 
 def refuse_unknown_keys(config: Any, prefix: str = "") -> None:

@@ -30,6 +30,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.inference.attention_maps import check_indices, dump_attention
 from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
 from transformer.inference.metrics import corpus_scores
+from transformer.inference.sampling import generator
 from transformer.inference.translation import score_texts
 from transformer.inference.translation import translate as translate_texts
 from transformer.inference.translator import Translator
@@ -123,10 +124,11 @@ def translate(cfg: TranslateConfig) -> None:
             return translator.translate(lines, progress=len(lines) > 1)  # no bar for one line
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
+        random = generator(cfg.eval, device)  # sampling: the windows and typed lines go on drawing from one seed
 
         def translate_lines(lines: list[str]) -> list[list[str]]:
             return translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
-                                   trained.model.max_positions, progress=len(lines) > 1)
+                                   trained.model.max_positions, progress=len(lines) > 1, random=random)
     if cfg.input is None and cfg.output is None and sys.stdin is not None and sys.stdin.isatty():
         translate_as_typed(translate_lines)
         return
@@ -140,7 +142,8 @@ def export(cfg: ExportConfig) -> None:
 
     trained = load_model(cfg.run_dir, cfg.checkpoint, [], torch.device("cpu"))
     decoding = {key: value for key, value in to_plain_dict(cfg.eval).items()
-                if key in ("beam_size", "length_norm", "length_penalty", "max_len_a", "max_len_b")}
+                if key in ("beam_size", "length_norm", "length_penalty", "max_len_a", "max_len_b", "sampling_topk",
+                           "sampling_topp", "sampling_temperature", "sampling_seed")}
     out = export_model(trained, cfg.out_dir, cfg.quantization.value, decoding)
     print(f"exported {trained.path} to {out} (quantization={cfg.quantization.value}); "
           f"transformer-translate export_dir={out} uses it")

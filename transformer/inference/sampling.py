@@ -10,8 +10,13 @@ Per step the log-probabilities are divided by the temperature, cut to the ``topk
 tie with the k-th is kept), then to the smallest set of the likeliest whose probabilities sum to at least ``topp``
 (the nucleus, Holtzman et al., 2020), renormalised, and one token is drawn. The settings are CTranslate2's
 (``sampling_topk``, ``sampling_topp``, ``sampling_temperature``), so an export samples alike, from CTranslate2's own
-random numbers (which differ from call to call). Here the draws come from a generator seeded with
-``eval.sampling_seed`` at each call: the same sentences, settings and batch size give the same samples.
+random numbers (which differ from call to call), except that a tie with the k-th token stays here and a ``topk``
+above the vocabulary is no cut (CTranslate2 refuses it: the translator passes it the vocabulary size instead).
+
+Here the draws come from a generator seeded with ``eval.sampling_seed`` (:func:`generator`): one per command or
+:class:`~transformer.inference.translator.Translator`, whose calls continue its draws, so that the windows of a
+long input, or a server's requests, are not drawn from the same random numbers. The same sentences, settings, seed
+and batches give the same samples.
 """
 
 from __future__ import annotations
@@ -35,13 +40,13 @@ class Sampler:
     generator: torch.Generator
 
     @classmethod
-    def from_config(cls, cfg: EvalConfig, device: torch.device | str) -> Sampler | None:
-        """The sampler ``cfg`` asks for, seeded with ``cfg.sampling_seed``; None when it asks for a search."""
+    def from_config(cls, cfg: EvalConfig, device: torch.device | str,
+                    random: torch.Generator | None = None) -> Sampler | None:
+        """The sampler ``cfg`` asks for, drawing from ``random`` (default: a new :func:`generator`); None when
+        ``cfg`` asks for a search."""
         if cfg.sampling_topk == 1:
             return None
-        generator = torch.Generator(device=device)
-        generator.manual_seed(cfg.sampling_seed)
-        return cls(cfg.sampling_topk, cfg.sampling_topp, cfg.sampling_temperature, generator)
+        return cls(cfg.sampling_topk, cfg.sampling_topp, cfg.sampling_temperature, random or generator(cfg, device))
 
     def distribution(self, log_probs: Tensor) -> Tensor:
         """(rows, vocab) probabilities to draw from: ``log_probs`` (rows, vocab; -inf where a token may not come)
@@ -61,3 +66,11 @@ class Sampler:
     def draw(self, log_probs: Tensor) -> Tensor:
         """(rows, 1) tokens drawn from :meth:`distribution`."""
         return torch.multinomial(self.distribution(log_probs), 1, generator=self.generator)
+
+
+def generator(cfg: EvalConfig, device: torch.device | str) -> torch.Generator | None:
+    """A random-number generator on ``device`` seeded with ``eval.sampling_seed``, when ``cfg`` samples: what the
+    calls of one command or translator share."""
+    if cfg.sampling_topk == 1:
+        return None
+    return torch.Generator(device=device).manual_seed(cfg.sampling_seed)

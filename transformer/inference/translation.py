@@ -48,25 +48,26 @@ def outside_stacklevel() -> int:
 
 
 def translate(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
-              device: torch.device | str, max_positions: int, progress: bool = False) -> list[list[str]]:
+              device: torch.device | str, max_positions: int, progress: bool = False,
+              random: torch.Generator | None = None) -> list[list[str]]:
     """Translate lines of text; returns ``cfg.n_best`` strings per line, in the input order (see
     :func:`translate_scored`)."""
-    scored = translate_scored(model, texts, src_tok, tgt_tok, cfg, device, max_positions, progress)
+    scored = translate_scored(model, texts, src_tok, tgt_tok, cfg, device, max_positions, progress, random)
     return [[text for text, _ in nbest] for nbest in scored]
 
 
 def translate_scored(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: EvalConfig,
-                     device: torch.device | str, max_positions: int, progress: bool = False
-                     ) -> list[list[tuple[str, float]]]:
+                     device: torch.device | str, max_positions: int, progress: bool = False,
+                     random: torch.Generator | None = None) -> list[list[tuple[str, float]]]:
     """Translate lines of text; returns ``cfg.n_best`` (text, score) pairs per line, best first, in the input
     order (see :func:`translate_hypotheses`)."""
-    found = translate_hypotheses(model, texts, src_tok, tgt_tok, cfg, device, max_positions, progress)
+    found = translate_hypotheses(model, texts, src_tok, tgt_tok, cfg, device, max_positions, progress, random)
     return [[(tgt_tok.decode(h.tokens), h.score) for h in nbest] for nbest in found]
 
 
 def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer, tgt_tok: Tokenizer,
-                         cfg: EvalConfig, device: torch.device | str, max_positions: int, progress: bool = False
-                         ) -> list[list[Hypothesis]]:
+                         cfg: EvalConfig, device: torch.device | str, max_positions: int, progress: bool = False,
+                         random: torch.Generator | None = None) -> list[list[Hypothesis]]:
     """Translate lines of text; returns ``cfg.n_best`` hypotheses (the generated ids and their scores) per line,
     best first, in the input order. The score is the hypothesis's log-probability normalized as
     ``cfg.length_norm`` says.
@@ -77,7 +78,9 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     is cut to that length with a warning; hypotheses are capped at ``max_positions`` tokens too (pass the model's
     position limit).
     ``beam_size=1`` runs greedy search; ``sampling_topk`` other than 1 samples ``n_best`` translations of each
-    line (:mod:`~transformer.inference.sampling`), from a generator seeded at each call, best score first.
+    line (:mod:`~transformer.inference.sampling`), best score first, drawn from ``random`` (default: a generator
+    seeded for this call; pass one :func:`~transformer.inference.sampling.generator` to calls that go on from each
+    other), ``eval.batch_size / n_best`` lines at a time.
     The model is in eval mode during the call and restored after.
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
@@ -87,10 +90,10 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     was_training = model.training
     model.eval()
     bar = progress_bar(len(todo), progress)
-    sampler = Sampler.from_config(cfg, device)
+    sampler = Sampler.from_config(cfg, device, random)
     try:
         with torch.inference_mode():
-            batch_size = decode_batch_size(cfg, device)
+            batch_size = max(1, decode_batch_size(cfg, device) // (cfg.n_best if sampler else 1))  # rows, not lines
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start:start + batch_size]
                 src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
@@ -140,8 +143,10 @@ def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, ma
     common = dict(pad_id=tgt_tok.pad_id, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, max_len_a=cfg.max_len_a,
                   max_len_b=cfg.max_len_b, use_cache=cfg.use_cache, max_tgt_len=max_tgt_len,
                   select_encoder=select_encoder, length_penalty=cfg.length_penalty, length_norm=cfg.length_norm)
+    drop_finished_at = 0.25 if src.device.type == "cuda" else 0.0  # greedy search and sampling: see greedy_hypotheses
     if sampler is not None:  # n_best rows of each sentence, side by side: (batch * n_best, src_len)
-        samples = greedy_hypotheses(model, src.repeat_interleave(cfg.n_best, dim=0), sampler=sampler, **common)
+        samples = greedy_hypotheses(model, src.repeat_interleave(cfg.n_best, dim=0), sampler=sampler,
+                                    drop_finished_at=drop_finished_at, **common)
         return [sorted(samples[i:i + cfg.n_best], key=lambda h: -h.score) for i in range(0, len(samples), cfg.n_best)]
     if cfg.fixed_shape:
         if not isinstance(model, Transformer):
@@ -152,6 +157,5 @@ def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, ma
             return [[h] for h in fixed_shape_greedy(model, src, **fixed)]
         return fixed_shape_beam(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, **fixed)
     if cfg.beam_size == 1:
-        drop_finished_at = 0.25 if src.device.type == "cuda" else 0.0
         return [[h] for h in greedy_hypotheses(model, src, drop_finished_at=drop_finished_at, **common)]
     return beam_search(model, src, beam_size=cfg.beam_size, n_best=cfg.n_best, **common)

@@ -34,6 +34,7 @@ from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, 
 from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
 from transformer.inference.export import EXPORT_FILE, check_export_files, read_export_record
 from transformer.inference.loading import TrainedModel, load_model
+from transformer.inference.sampling import generator
 from transformer.inference.search import length_penalty, max_length
 from transformer.inference.translation import encode_sources, progress_bar, translate_hypotheses
 from transformer.runtime import choose_device, decode_batch_size
@@ -67,6 +68,7 @@ class Translator:
         self._trained, self._ct2 = trained, ct2
         self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
         self._warned_gnmt = self._warned_nbest = False
+        self._random = generator(eval_cfg, device) if trained is not None else None  # sampling: the calls' draws
 
     @property
     def trained(self) -> TrainedModel | None:
@@ -163,8 +165,8 @@ class Translator:
         """``n_best`` :class:`Translation` s of each sentence, best first (a blank sentence: empty, score 0).
         ``beam_size`` and ``n_best`` not given: the translator's (``eval``), ``n_best`` at most ``beam_size``.
         A translator whose ``eval`` samples (``sampling_topk`` other than 1) gives ``n_best`` samples, best first:
-        from a run, the same on every call (``eval.sampling_seed``); from an export, CTranslate2's own draws, which
-        its worker threads make differ from call to call.
+        from a run, drawn from one generator seeded with ``eval.sampling_seed`` when the translator loads (each
+        call goes on from the last; a new translator repeats them); from an export, CTranslate2's own draws.
         ``progress``: a bar counting the translated sentences on stderr, when it is a terminal.
 
         Sentences are sorted by length and decoded ``eval.batch_size`` at a time (64 on a CPU, 512 on a GPU).
@@ -186,8 +188,11 @@ class Translator:
                 raise TypeError(f"{key}: must be an integer, got {value!r}")
             if value is not None and value < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {value}")
-        beam_size = beam_size or self.eval.beam_size
         sampling = self.eval.sampling_topk != 1  # n_best samples, each from a beam of one
+        if sampling and beam_size not in (None, 1):
+            raise ConfigError(f"beam_size: this translator samples (eval.sampling_topk={self.eval.sampling_topk}): "
+                              f"give no beam_size, or 1; got {beam_size}")
+        beam_size = beam_size or self.eval.beam_size
         if n_best is None:  # not given: the translator's n_best, as many as this call's beam holds
             n_best = self.eval.n_best if sampling else min(self.eval.n_best, beam_size)
         if n_best > beam_size and not sampling:
@@ -195,7 +200,7 @@ class Translator:
         cfg = replace(self.eval, beam_size=beam_size, n_best=n_best)
         if self._trained is not None:
             found = translate_hypotheses(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg,
-                                         self.device, self.max_positions, progress)
+                                         self.device, self.max_positions, progress, self._random)
             return [[self._translation(h.tokens, h.score) for h in nbest] for nbest in found]
         return self._translate_ct2(sentences, cfg, progress)
 
@@ -223,7 +228,7 @@ class Translator:
             max_decoding_length=limit, min_decoding_length=0,  # 0: EOS may come first, as in this app's search
             max_input_length=0,  # sources are already cut to the model's positions (CTranslate2 would cut at 1024)
             return_end_token=True, return_scores=True, max_batch_size=decode_batch_size(cfg, self.device),
-            sampling_topk=cfg.sampling_topk, sampling_topp=cfg.sampling_topp,
+            sampling_topk=min(cfg.sampling_topk, len(self._target_ids)), sampling_topp=cfg.sampling_topp,
             sampling_temperature=cfg.sampling_temperature, asynchronous=True)) for limit, indices in groups.items()]
         eos = self.tgt_tok.id_to_piece(self.tgt_tok.eos_id)
         with progress_bar(sum(len(indices) for indices, _ in pending), progress) as bar:
@@ -250,7 +255,7 @@ class Translator:
         the torch backend; for CTranslate2, GNMT length normalisation done as average, and an n-best list without
         normalisation of which only the best is this app's."""
         cfg = cfg or self.eval
-        if self.backend != "ctranslate2":
+        if self.backend != "ctranslate2" or cfg.sampling_topk != 1:  # sampling: no beam, and scores divided here
             return []
         differences = []
         if cfg.length_norm is LengthNorm.gnmt:

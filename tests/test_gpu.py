@@ -21,7 +21,8 @@ from transformer.checkpoint import RunDir, load_checkpoint
 from transformer.config import LengthNorm, Precision
 from transformer.data.batching import collate_arrays
 from transformer.data.corpus import TranslationDataset
-from transformer.inference.search import beam_search, greedy_search
+from transformer.inference.sampling import Sampler
+from transformer.inference.search import beam_search, greedy_hypotheses, greedy_search
 from transformer.runtime import autocast
 from transformer.training.distributed import DistContext
 from transformer.training.objective import TranslationObjective
@@ -72,6 +73,17 @@ def test_cached_decoding_equals_uncached_on_cuda():
     cached = beam_search(model, src, use_cache=True, **kwargs)
     uncached = beam_search(model, src, use_cache=False, **kwargs)
     assert [[h.tokens for h in hyps] for hyps in cached] == [[h.tokens for h in hyps] for hyps in uncached]
+
+
+def test_sampling_on_cuda_repeats_with_its_seed_and_is_greedy_near_zero_temperature():
+    model, src = tiny_model().cuda(), varied_sources().cuda()
+
+    def sample(temperature: float, seed: int, use_cache: bool = True) -> list[list[int]]:
+        draws = Sampler(0, 1.0, temperature, torch.Generator(device="cuda").manual_seed(seed))
+        return [h.tokens for h in greedy_hypotheses(model, src, sampler=draws, use_cache=use_cache, **REAL)]
+
+    assert sample(1e-4, 0) == greedy_search(model, src, **REAL)
+    assert sample(2.0, 0) == sample(2.0, 0, use_cache=False) != sample(2.0, 1)
 
 
 def test_training_on_variable_length_batches_never_runs_cudnn_attention(tmp_path):

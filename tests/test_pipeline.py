@@ -416,6 +416,24 @@ def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path, na
         assert "Error executing job" not in console  # rank 1 refused too: it did not fail waiting for rank 0
 
 
+@pytest.mark.parametrize("bad, message", [
+    ("model.d_model=abc", "model.d_model=abc: Value 'abc' of type 'str' could not be converted to Integer"),  # before Hydra
+    ("training.lr=-1", "training.lr: must be > 0, got -1.0"),  # the composed config's checks
+])
+def test_a_bad_config_under_torchrun_is_said_once(toy_corpus, tmp_path, bad, message):
+    """Every rank checks the same command line: rank 0 says what is wrong, once and on a line of its own."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+         str(REPO / "scripts" / "train.py"), *TOY, f"data.dir={toy_corpus}", "training.threads=1", "device=cpu", bad,
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    console = done.stdout + done.stderr
+    assert done.returncode != 0 and console.count(message) == 1
+    assert [line for line in console.splitlines() if message in line][0].endswith(message)
+    assert "[rank 1]" not in console
+
+
 def test_cli_reports_a_bad_config_in_one_line(tmp_path):
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "train.py"), "data=custom", f"hydra.run.dir={tmp_path / 'run'}"],

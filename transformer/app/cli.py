@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from transformer.app import before_hydra, schemas, sweeps
 from transformer.app.before_hydra import overrides_given
-from transformer.app.failures import PATH_ERRORS, path_error_line, run_command, user_errors
+from transformer.app.failures import PATH_ERRORS, path_error_line, run_command, said_by_rank_0, user_errors
 from transformer.app.schemas import CONFIG_PATH
 from transformer.overrides import merge_overrides, override_value
 
@@ -114,8 +114,10 @@ def _train(cfg: DictConfig) -> float | None:
 
     def train(cfg: DictConfig) -> dict:
         _say_what_debug_replaces()
-        cfg, recipe = _with_recipe(cfg)
-        return pipeline.train(_typed(cfg), recipe)
+        with said_by_rank_0():
+            cfg, recipe = _with_recipe(cfg)
+            typed = _typed(cfg)
+        return pipeline.train(typed, recipe)
 
     metrics = run_command(train, cfg, typed=False)
     return metrics.get("valid_bleu") if metrics else None  # the value a Hydra sweeper would optimise
@@ -238,10 +240,11 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
         print(f"{Path(sys.argv[0]).name} {__version__} (Hydra {hydra.__version__})")
         sys.exit(0)
     schemas.register_configs()
-    before_hydra.refuse_malformed_overrides(sys.argv[1:])
-    if schema is not None:
-        before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
-        before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
+    with said_by_rank_0():  # the command line alone: the same on every rank
+        before_hydra.refuse_malformed_overrides(sys.argv[1:])
+        if schema is not None:
+            before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
+            before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
     before_hydra.refuse_unwritable_run_folders(sys.argv[1:])
     before_hydra.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

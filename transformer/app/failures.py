@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -41,11 +43,12 @@ def run_command(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool =
     """``command`` on the typed config (``typed=False``: on ``cfg`` as it is; ``prepare``: on ``prepare(cfg)``), a
     user error as one logged line."""
     try:
-        if prepare is not None:
-            cfg = prepare(cfg)
-        if typed:
-            cfg = OmegaConf.to_object(cfg)  # runs every __post_init__ check
-            schemas.refuse_unknown_keys(cfg)
+        with said_by_rank_0():
+            if prepare is not None:
+                cfg = prepare(cfg)
+            if typed:
+                cfg = OmegaConf.to_object(cfg)  # runs every __post_init__ check
+                schemas.refuse_unknown_keys(cfg)
         return command(cfg)
     except user_errors() as error:
         if isinstance(error, OSError):  # a full disk: the run's log file may be on it, so its handler fails quietly
@@ -67,6 +70,23 @@ def run_command(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool =
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
         log.error("%s", str(interrupt) or "interrupted; what this command writes is written whole or not at all")
         sys.exit(130)
+
+
+@contextmanager
+def said_by_rank_0() -> Iterator[None]:
+    """Around the checks of the command line and of the composed config, which every rank of a torchrun group makes
+    alike: a refusal is said by rank 0 alone, and a rank above 0 exits with status 1 in silence (its message would
+    repeat rank 0's, or interleave with it on one line). What a rank meets later (a file, a device) it still says."""
+    try:
+        yield
+    except SystemExit as refusal:  # a refusal before Hydra: sys.exit(message)
+        if refusal.code in (None, 0) or os.environ.get("RANK", "0") == "0":
+            raise
+        sys.exit(1)
+    except user_errors():
+        if os.environ.get("RANK", "0") == "0":
+            raise
+        sys.exit(1)
 
 
 # errors of a path that the user names: a folder not writable or not there, a file where a folder should be

@@ -54,6 +54,8 @@ def test_training_run_writes_everything(trained_run):
     saved = json.loads(run.metrics.read_text())
     assert saved["test_bleu"] == pytest.approx(metrics["test_bleu"])
     assert "nrefs:1" in saved["test"]["bleu_signature"]
+    rebuilt = load_trained(run.final, torch.device("cpu")).model  # from the checkpoint's config
+    assert saved["parameters"] == sum(p.numel() for p in rebuilt.parameters()) > 0
     hypotheses = run.test_hypotheses.read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == 40
 

@@ -26,7 +26,7 @@ SKIPPED = {
                                         "one)",
     "tensorboard": "a server that runs until stopped",
     "transformer-recipe best_gpu": "refuses a machine without a GPU (tests/test_recipes.py checks the refusal)",
-    "benchmarks/compare_variants.sh": "an 80-minute measurement made of the tutorial's own commands",
+    "python benchmarks/compare_variants.py": "an 80-minute measurement made of the tutorial's own commands",
     "curl -LO https://nlp.stanford.edu/": "a download of 822 MB; the test points GLOVE_PATH at a local file",
 }
 # Text replaced before running: a smaller form of the same command.

@@ -209,7 +209,8 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
     else:  # the checkpoint holds the GloVe-initialised weights; only what it froze must be frozen again
         glove.refreeze_model_embeddings(model, from_plain_dict(ModelConfig, resumed["model_config"]).glove)
     model.to(dist.device)
-    log.info("model: %.2fM parameters", sum(p.numel() for p in model.parameters()) / 1e6)
+    n_parameters = sum(p.numel() for p in model.parameters())
+    log.info("model: %.2fM parameters", n_parameters / 1e6)
 
     tracker = Tracker(run.tensorboard, enabled=dist.is_main)
     validate = (make_validator(valid_src, valid_ref, src_tok, tgt_tok, training=cfg.training, eval_cfg=cfg.eval,
@@ -220,7 +221,7 @@ def _train(cfg: TrainConfig, dist: DistContext, resumed: dict[str, Any] | None, 
         take_up_history(resumed, resumed_path, CheckpointManager(run.checkpoints, cfg.training.keep_last), dist)
         trainer.load_state(resumed)
     result = trainer.fit()
-    metrics: dict[str, Any] = {"train": asdict(result)}
+    metrics: dict[str, Any] = {"parameters": n_parameters, "train": asdict(result)}
     if dist.is_main:
         metrics.update(_final_evaluation(cfg, run, model, src_tok, tgt_tok, dist.device, tracker,
                                          scored[cfg.data.valid_split], scored[cfg.data.test_split], result.steps))

@@ -621,3 +621,14 @@ def test_the_commands_log_the_apps_warnings_and_leave_other_warnings_as_python_s
                                                                    "a line was cut")]
     assert [(w.category, str(w.message), w.filename) for w in shown] == [
         (DeprecationWarning, "another package's warning", __file__)]  # with its file and line, as Python shows it
+
+
+def test_the_benchmark_refuses_sampling_with_its_own_reason(tmp_path: Path) -> None:
+    """``eval=sampling`` sets eval.beam_size 1, which the benchmark's config sets back to 5: the benchmark's reason
+    comes first, not the eval group's refusal of sampling in a beam."""
+    result = _command(tmp_path, "benchmark", "eval=sampling")
+    assert result.returncode == 1
+    assert (result.stdout + result.stderr).strip().splitlines()[-1].endswith(
+        "eval.sampling_topk: the benchmark times the searches (greedy and beam, cached, uncached and in fixed shapes), "
+        "not sampling: leave it at 1")
+    assert not (tmp_path / "outputs").exists()

@@ -221,7 +221,12 @@ def _export(cfg: DictConfig) -> None:
 def _benchmark(cfg: DictConfig) -> None:
     from transformer.app import benchmark
 
-    run_command(benchmark.run, cfg)
+    run_command(benchmark.run, cfg, prepare=_benchmarked_search)
+
+
+def _benchmarked_search(cfg: DictConfig) -> DictConfig:
+    schemas.refuse_benchmarked_sampling(cfg.eval.sampling_topk)
+    return cfg
 
 
 def _setup(schema: type | None = None, command: str = "", check: Callable[[DictConfig], Any] = _typed) -> None:

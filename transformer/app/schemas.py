@@ -217,8 +217,14 @@ class BenchmarkConfig:
         check(self.untimed_steps >= 0, "untimed_steps", f"must be >= 0, got {self.untimed_steps}")
         check(self.decode_sentences is None or self.decode_sentences >= 1, "decode_sentences",
               f"must be >= 1 or null (the whole test set), got {self.decode_sentences}")
-        check(self.eval.sampling_topk == 1, "eval.sampling_topk", "the benchmark times the searches (greedy and beam, "
-              "cached, uncached and in fixed shapes), not sampling: leave it at 1")
+        refuse_benchmarked_sampling(self.eval.sampling_topk)
+
+
+def refuse_benchmarked_sampling(sampling_topk: int) -> None:
+    """The benchmark's refusal of ``eval.sampling_topk`` other than 1; ``transformer-benchmark`` checks it before the
+    eval group's own checks, which would otherwise first refuse sampling in the benchmark's beam of 5."""
+    check(sampling_topk == 1, "eval.sampling_topk", "the benchmark times the searches (greedy and beam, cached, "
+          "uncached and in fixed shapes), not sampling: leave it at 1")
 
 
 def refuse_unknown_keys(config: Any, prefix: str = "") -> None:

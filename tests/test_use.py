@@ -245,6 +245,58 @@ def test_translate_warns_once_of_lines_that_got_an_empty_translation(compose_con
     assert len(warnings) == 1 and warnings[0].startswith("1 of 3 non-blank lines got an empty translation (line 2)")
 
 
+def test_translate_writes_through_links_pipes_and_devices_and_keeps_a_files_mode(compose_config, trained_run,
+                                                                                  tmp_path, monkeypatch, capsys):
+    """An output that a rename would replace is written through, as a shell's ``>`` writes it: a symbolic link's
+    file, a named pipe and a device (no overwrite=true needed: nothing is replaced); a replaced file keeps its mode.
+    ``-`` names stdin and stdout, and an empty ``input=`` or ``output=`` is refused by key."""
+    import threading
+
+    run_dir, _ = trained_run
+    source = tmp_path / "in.txt"
+    source.write_text("a b c\nd e\n", encoding="utf-8")
+
+    def translate(*overrides: str) -> None:
+        use.translate(OmegaConf.to_object(compose_config("translate", [
+            f"run_dir={run_dir}", "eval=greedy", "device=cpu", f"input={source}", *overrides])))
+
+    plain = tmp_path / "plain.txt"
+    translate(f"output={plain}")
+    expected = plain.read_text(encoding="utf-8")
+    assert len(expected.splitlines()) == 2
+
+    private = tmp_path / "private.txt"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    translate(f"output={private}", "overwrite=true")
+    assert private.read_text(encoding="utf-8") == expected and private.stat().st_mode & 0o777 == 0o600
+
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old\n")
+    link.symlink_to(target.name)
+    translate(f"output={link}", "overwrite=true")
+    assert link.is_symlink() and target.read_text(encoding="utf-8") == expected
+
+    pipe, received = tmp_path / "pipe", []
+    os.mkfifo(pipe)
+    reader = threading.Thread(target=lambda: received.append(pipe.read_text(encoding="utf-8")), daemon=True)
+    reader.start()
+    translate(f"output={pipe}")
+    reader.join(timeout=60)
+    assert received == [expected] and pipe.is_fifo()
+
+    translate(f"output={os.devnull}")  # exists, yet is no file to keep: written to without overwrite=true
+    assert Path(os.devnull).is_char_device()
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+    capsys.readouterr()
+    translate("input=-", "output=-")
+    assert capsys.readouterr().out == expected
+    for key in ("input", "output"):
+        with pytest.raises(ConfigError, match=rf"^{key}: is empty; give a file, or leave {key} out \(or {key}=-\)"):
+            translate(f"{key}=")
+
+
 def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained_run, tmp_path, monkeypatch):
     """Only newlines end lines (a form feed or U+2028 inside one does not), CRLF counts once, and bad UTF-8 or an
     output path that cannot be written is refused, by key and line, before any translating."""

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,7 +65,7 @@ def atomic_write(path: str | Path, mode: str = "wb", *, suffix: str = ".tmp",
     if "b" not in mode and encoding is None:
         encoding = "utf-8"
     try:
-        os.fchmod(fd, _new_file_mode())  # mkstemp's file is private; the file it becomes is not (a shared cache)
+        os.fchmod(fd, _replaced_mode(path))  # mkstemp's file is private; the file it becomes is not (a shared cache)
         with os.fdopen(fd, mode, encoding=encoding) as handle:
             yield dying_at_fault_point(handle, path)
             handle.flush()
@@ -128,6 +129,36 @@ def _new_file_mode(base: int = 0o666) -> int:
         umask = os.umask(0)
         os.umask(umask)
     return base & ~umask
+
+
+def _replaced_mode(path: Path) -> int:
+    """The mode for the file that takes ``path``'s name: the mode of the file it replaces (a private file stays
+    private), else a new file's."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return _new_file_mode()
+
+
+def write_text_through(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to a file a person named: through a symbolic link, into the file it points to; a regular
+    file atomically (:func:`write_text`); a device or a named pipe (``/dev/null``, a FIFO), which a rename would
+    replace, opened and written as a shell's ``>`` writes it."""
+    target = Path(os.path.realpath(path))
+    if is_stream(target):
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        write_text(target, text)
+
+
+def is_stream(path: str | Path) -> bool:
+    """Whether ``path`` is a device or a named pipe: a file written to as it is, never replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)
 
 
 def temporary_folder(parent: str | Path, prefix: str) -> Path:

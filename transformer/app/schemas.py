@@ -100,14 +100,18 @@ class TranslateConfig:
     checkpoint: Optional[str] = None  # or a checkpoint file
     export_dir: Optional[str] = None  # or a CTranslate2 export (transformer-export), decoded by CTranslate2
     ensemble: list[str] = field(default_factory=list)  # more models to decode with it (see EvaluateConfig)
-    input: Optional[str] = None  # default: stdin
-    output: Optional[str] = None  # default: stdout
+    input: Optional[str] = None  # default (or "-"): stdin
+    output: Optional[str] = None  # default (or "-"): stdout; a device or named pipe is written to, not replaced
     overwrite: bool = False  # replace an existing output file
     eval: EvalConfig = field(default_factory=EvalConfig)
     device: str = "auto"  # auto (a GPU when there is one) | cpu | cuda | cuda:N
 
     def __post_init__(self) -> None:
         _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble, self.eval.fixed_shape)
+        for key, stream in (("input", "stdin"), ("output", "stdout")):
+            check(getattr(self, key) != "", key, f"is empty; give a file, or leave {key} out (or {key}=-) for {stream}")
+        self.input = None if self.input == "-" else self.input  # the usual name of the standard streams
+        self.output = None if self.output == "-" else self.output
 
 
 

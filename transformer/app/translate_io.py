@@ -12,7 +12,7 @@ import sys
 import warnings
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from transformer import files
 from transformer.config import ConfigError
@@ -31,6 +31,8 @@ def check_output_file(path: str, input_path: str | None, overwrite: bool) -> Non
                           "choose another file")
     if target.is_dir():
         raise ConfigError(f"output: {path} is a directory; give a file name")
+    if files.is_stream(target):  # /dev/null, /dev/stdout, a named pipe: written to, never replaced
+        return
     if target.exists() and not overwrite:
         raise ConfigError(f"output: {path} exists; choose a new file, or overwrite=true to replace it")
     if not target.parent.is_dir():
@@ -83,16 +85,20 @@ def read_lines(path: str | None) -> list[str]:
 
 def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]],
                          output: str | None) -> None:
-    """Translate ``lines`` ``WINDOW_LINES`` at a time into ``output`` (None: stdout, each window as it is done).
+    """Translate ``lines`` ``WINDOW_LINES`` at a time into ``output`` (None: stdout, each window as it is done; a
+    device or a named pipe alike).
 
-    The file is written whole at the end; a Ctrl-C or a failure after some windows keeps their translations in
+    A file is written whole at the end; a Ctrl-C or a failure after some windows keeps their translations in
     ``OUTPUT.partial`` (its lines are the first lines of the input) and says so."""
+    if output is not None and files.is_stream(output):
+        with open(output, "w", encoding="utf-8") as stream:
+            for nbest in _windows(lines, translate_lines):
+                stream.write(_as_text(nbest))
+                stream.flush()
+        return
     done: list[list[str]] = []
     try:
-        for start in range(0, len(lines), WINDOW_LINES):
-            window = lines[start:start + WINDOW_LINES]
-            nbest = translate_lines(window)
-            warn_of_empty_translations(window, nbest, first_line_no=start + 1)
+        for nbest in _windows(lines, translate_lines):
             if output is None:
                 write_translations(None, nbest)
             else:
@@ -111,13 +117,28 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
         write_translations(output, done)
 
 
+def _windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]]) -> Iterator[list[list[str]]]:
+    """The translations of each window of ``lines``; lines with words but an empty translation are warned of."""
+    for start in range(0, len(lines), WINDOW_LINES):
+        window = lines[start:start + WINDOW_LINES]
+        nbest = translate_lines(window)
+        warn_of_empty_translations(window, nbest, first_line_no=start + 1)
+        yield nbest
+
+
+def _as_text(nbest: list[list[str]]) -> str:
+    """One line per input line, its n-best joined by tabs."""
+    return "".join("\t".join(candidates) + "\n" for candidates in nbest)
+
+
 def write_translations(path: str | None, nbest: list[list[str]]) -> None:
-    """One line per input line, its n-best joined by tabs, into the file ``path`` (written atomically: a crash
-    leaves any earlier file as it was) or stdout. A reader of stdout that stopped early (``| head``) ends the
-    command quietly with 141, the status of a process ended by SIGPIPE."""
-    text = "".join("\t".join(candidates) + "\n" for candidates in nbest)
+    """One line per input line, its n-best joined by tabs, into the file ``path`` (a regular file written
+    atomically: a crash leaves any earlier file as it was; through a symbolic link, the file it points to) or
+    stdout. A reader of stdout that stopped early (``| head``) ends the command quietly with 141, the status of a
+    process ended by SIGPIPE."""
+    text = _as_text(nbest)
     if path is not None:
-        files.write_text(path, text)
+        files.write_text_through(path, text)
         return
     try:
         sys.stdout.write(text)

@@ -194,3 +194,16 @@ def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tm
     before_hydra.refuse_unwritable_run_folders([f"hydra.run.dir={tmp_path / 'locked'}/${{now:%H}}"])  # Hydra's
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"]  # nothing made by the check
     assert list((tmp_path / "locked").iterdir()) == []
+
+
+def test_a_config_file_that_is_not_yaml_is_refused_naming_its_file_and_line(tmp_path):
+    before_hydra.refuse_malformed_yaml([], CONFIG_DIR)  # the shipped configs: no exit
+    (tmp_path / "experiment").mkdir()
+    broken = tmp_path / "experiment" / "broken.yaml"
+    broken.write_text("# a list left open\ntraining:\n  max_steps: [\n")
+    for argv in (["--config-dir", str(tmp_path)], [f"--config-dir={tmp_path}"], ["-cd", str(tmp_path)]):
+        with pytest.raises(SystemExit, match=rf"^{broken}:4: not valid YAML \(.*while parsing a flow node\)$"):
+            before_hydra.refuse_malformed_yaml([*argv, "experiment=broken"], CONFIG_DIR)
+    broken.write_text("a: 1\n\tb: 2\n")
+    with pytest.raises(SystemExit, match=rf"^{broken}:2: not valid YAML \(found a tab character"):
+        before_hydra.refuse_malformed_yaml(["-cd", str(tmp_path)], CONFIG_DIR)

@@ -96,6 +96,26 @@ def _parse_failure(arg: str, message: str) -> str:
     return re.sub(r" expecting \{[^}]*\}", "", reason)
 
 
+def refuse_malformed_yaml(argv: list[str], config_root: Path) -> None:
+    """Exit naming the file and line of a config file that is not YAML, in ``config_root`` or a ``--config-dir``
+    of ``argv``: Hydra would answer with a traceback of its own frames. Every file is read (a few milliseconds): which
+    ones a command composes is Hydra's to find out."""
+    folders = [config_root]
+    for i, arg in enumerate(argv):
+        if flag(arg) in ("-cd", "--config-dir"):
+            folders.append(Path(arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else "."))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for path in sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("*.yaml")):
+        try:
+            yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+        except yaml.MarkedYAMLError as error:
+            mark = error.problem_mark or error.context_mark
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            sys.exit(f"{where}: not valid YAML ({' '.join(filter(None, (error.problem, error.context)))})")
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+            sys.exit(f"{path}: not a readable YAML file ({error})")
+
+
 def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> None:
     """Exit naming the nearest setting when a ``key=value`` of ``argv`` names none of ``schema`` (nor a config group
     that the command's ``root_config`` YAML chooses from), or naming the type when its value cannot be one: Hydra

@@ -245,8 +245,9 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
         print(f"{Path(sys.argv[0]).name} {__version__} (Hydra {hydra.__version__})")
         sys.exit(0)
     schemas.register_configs()
-    with said_by_rank_0():  # the command line alone: the same on every rank
+    with said_by_rank_0():  # the command line and the config files: the same on every rank
         before_hydra.refuse_malformed_overrides(sys.argv[1:])
+        before_hydra.refuse_malformed_yaml(sys.argv[1:], Path(CONFIG_PATH))
         if schema is not None:
             before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")

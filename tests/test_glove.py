@@ -143,6 +143,28 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, bad_line: str, messa
             read_vectors(path, words={"the"})
 
 
+@pytest.mark.parametrize(("first_line", "message"), [
+    ("the\t0.1\t0.2\t0.3", "expected a word and numbers separated by spaces, found 4 field(s) (tabs separate its "
+                           "fields: GloVe's format separates them by single spaces)"),
+    ("the", "expected a word and numbers separated by spaces, found 1 field(s)"),
+])
+def test_a_first_line_without_numbers_is_named_as_such(tmp_path: Path, first_line: str, message: str) -> None:
+    """Not as vectors of 0 dimensions, which the dimension check would answer with advice to use d_model=0."""
+    path = tmp_path / "bad.txt"
+    path.write_text(first_line + "\ndog 4 5 6\n", encoding="utf-8")
+    for read in (vector_dim, read_vectors, lambda p: read_vectors(p, expected_dim=3)):
+        with pytest.raises(GloveError, match=re.escape(f"{path}:1: {message}")):
+            read(path)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path: Path) -> None:
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + ("\n".join(LINES) + "\n").encode("utf-8"))
+    assert vector_dim(path) == 3
+    vectors = read_vectors(path, words={"the"})
+    assert list(vectors.index) == ["the"] and vectors.matrix.tolist() == [pytest.approx([0.1, 0.2, 0.3])]
+
+
 def test_a_byte_that_is_not_utf8_is_named_by_its_own_line_and_place(tmp_path: Path) -> None:
     lines = [f"w{i} 0.1 0.2 0.3".encode() for i in range(3000)]  # longer than a decoding block
     lines[2499] = b"caf\xe9 0.1 0.2 0.3"  # line 2500, byte 4

@@ -136,6 +136,8 @@ def _open_lines(path: str | Path, dim: int | None) -> Iterator[tuple[str, Iterat
 def _decoded(raw: Iterable[bytes], name: str) -> Iterator[str]:
     """The lines of ``raw`` as text, each decoded alone: an invalid byte is named by its line and place in it."""
     for line_no, line in enumerate(raw, start=1):
+        if line_no == 1:
+            line = line.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not part of the first word
         try:
             yield line.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -161,7 +163,16 @@ def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:
                 _parse_values(name, 2, second.rstrip().split(" "), header)
             except GloveError as error:
                 raise GloveError(f"{error}; the header (line 1) announces {header}-dimensional vectors") from None
+        if _line_dim(first) < 1:
+            raise _no_numbers(name, 1, first)
         return _line_dim(first)
+
+
+def _no_numbers(name: str, line_no: int, line: str) -> GloveError:
+    """The error of a vector line without numbers after its word: a word alone, or fields not separated by spaces."""
+    tabs = " (tabs separate its fields: GloVe's format separates them by single spaces)" if "\t" in line else ""
+    return GloveError(f"{name}:{line_no}: expected a word and numbers separated by spaces, found "
+                      f"{len(line.split())} field(s){tabs}")
 
 
 def _parse_values(name: str, line_no: int, parts: list[str], dim: int) -> tuple[str, list[float]]:
@@ -208,11 +219,11 @@ def read_vectors(path: str | Path, expected_dim: int | None = None, words: Colle
                     dim = len(line.split(" ")) - 1
                 else:
                     continue  # word2vec header
+                if dim < 1:
+                    raise _no_numbers(name, line_no, line)
                 if expected_dim is not None and dim != expected_dim:
                     raise GloveError(f"{name}:{line_no}: vectors have {dim} dimensions, "
                                      f"but {expected_dim} are needed (model.d_model)")
-                if dim < 1:
-                    raise GloveError(f"{name}:{line_no}: no numbers after the word")
             word = line.split(" ", 1)[0]
             simple = line.count(" ") == dim  # the common case: one-token word, right count
             if simple and wanted is not None and word not in wanted:

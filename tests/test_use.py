@@ -351,7 +351,8 @@ def test_evaluate_refuses_attention_indices_outside_the_test_set_before_decoding
                                                                                  tmp_path):
     cfg = compose_config("evaluate", [f"run_dir={trained_run[0]}", "eval=greedy", "device=cpu",
                                       "attention.indices=[0,999999]", f"output_dir={tmp_path / 'ev'}"])
-    with pytest.raises(ConfigError, match=r"^attention.indices: 999999 is outside the test set \(0\.\.\d+\)$"):
+    with pytest.raises(ConfigError, match=r"^attention.indices: 999999 is outside the sentences scored, "
+                                          r"test\.src-tgt \(0\.\.\d+\)$"):
         use.evaluate(OmegaConf.to_object(cfg))
     assert not (tmp_path / "ev").exists()  # nothing decoded, nothing written
 

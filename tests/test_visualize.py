@@ -189,7 +189,7 @@ def test_translation_ids_are_the_searchs_best_hypotheses(model: nn.Module) -> No
 
 
 def test_dump_attention_rejects_an_index_outside_the_test_set(model: nn.Module, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"attention.indices: 2 is outside the test set \(0..1\)"):
+    with pytest.raises(ConfigError, match=r"^attention.indices: 2 is outside the sentences scored \(0\.\.1\)$"):
         dump_attention(AttentionDumpConfig(indices=[2]), _trained(model), EvalConfig(beam_size=1), ["a", "b"],
                        ["a", "b"], tmp_path, None)
 

@@ -75,7 +75,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     if cfg.longer_than is not None:
         src, refs = _longer_than(src, refs, src_tok, tgt_tok, cfg.longer_than)
         name = f"{name} (pairs with > {cfg.longer_than} tokens on a side: {len(src)})"
-    check_indices(cfg.attention, src, src_tok)  # before the test set is decoded
+    check_indices(cfg.attention, src, src_tok, name)  # before the test set is decoded
     if trained is None:
         hypotheses = [nbest[0] for nbest in translator.translate(src, progress=True)]
         target_lang = translator.languages[1]

@@ -301,12 +301,15 @@ def translation_ids(trained: TrainedModel, sources: list[str], eval_cfg: EvalCon
     return [nbest[0].tokens for nbest in found]
 
 
-def check_indices(cfg: AttentionDumpConfig, sources: list[str], src_tok: Tokenizer) -> None:
-    """Refuse ``attention.indices`` outside the test set ``sources``, and a chosen sentence or text whose source has
-    no token (blank, or only characters the tokenizer drops): there is nothing to attend to. Before decoding."""
+def check_indices(cfg: AttentionDumpConfig, sources: list[str], src_tok: Tokenizer, scored: str = "") -> None:
+    """Refuse ``attention.indices`` outside the sentences scored, ``sources`` (named ``scored``: a split, a file),
+    and a chosen sentence or text whose source has no token (blank, or only characters the tokenizer drops): there is
+    nothing to attend to. Before decoding."""
     for index in cfg.indices:
         if not 0 <= index < len(sources):
-            raise ConfigError(f"attention.indices: {index} is outside the test set (0..{len(sources) - 1})")
+            named = f", {scored}" if scored else ""
+            raise ConfigError(f"attention.indices: {index} is outside the sentences scored{named} "
+                              f"(0..{len(sources) - 1})")
         if not src_tok.encode(sources[index]):
             raise ConfigError(f"attention.indices: {index} is a test sentence whose source has no token "
                               f"({sources[index]!r}): there is nothing to attend to")

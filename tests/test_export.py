@@ -388,10 +388,18 @@ def test_a_damaged_export_or_a_missing_ctranslate2_is_refused_in_one_line(one_ru
         Translator.load(out, device="gpu")
     record = json.loads((out / "export.json").read_text())
     (out / "export.json").write_text(json.dumps({**record, "decoding": {"length_norm": "sideways"}}))
-    with pytest.raises(ConfigError, match=r"export\.json: decoding: 'sideways' is not a valid LengthNorm"):
+    with pytest.raises(ConfigError, match=r"export\.json: decoding: length_norm: Invalid value 'sideways', expected "
+                                          r"one of \[gnmt, average, none\]; export the model again$"):
         Translator.load(out)
+    tokenizer = {**record["source_tokenizer"], "kind": "bogus"}
     for damaged, message in (({**record, "decoding": [1]}, r"decoding must be an object; export the model again"),
-                             ({**record, "data": {"src": "src"}}, r"data must be an object with src, tgt;")):
+                             ({**record, "data": {"src": "src"}}, r"data must be an object with src, tgt;"),
+                             ({**record, "format": 99}, r"format 99 is not one this version reads \(1 to 3\)"),
+                             ({**record, "source_tokenizer": tokenizer},
+                              r"source_tokenizer\.kind 'bogus' is none of sentencepiece, word;"),
+                             ({**record, "decoding": {"beam_size": "x"}},
+                              r"decoding: beam_size: Value 'x' of type 'str' could not be converted to Integer;"),
+                             ({**record, "decoding": {"beam_size": 0}}, r"decoding: eval\.beam_size: must be >= 1")):
         (out / "export.json").write_text(json.dumps(damaged))
         with pytest.raises(ConfigError, match=rf"^export_dir: .*export\.json: {message}"):
             Translator.load(out)

@@ -30,9 +30,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf.errors import OmegaConfBaseException
 
 from transformer import files
-from transformer.config import Activation, AttentionScore, ConfigError, NormPosition, PositionKind, to_plain_dict
+from transformer.config import (
+    Activation,
+    AttentionScore,
+    ConfigError,
+    EvalConfig,
+    NormPosition,
+    PositionKind,
+    from_plain_dict,
+    to_plain_dict,
+)
 from transformer.data.tokenizer import Tokenizer
 from transformer.inference.loading import TrainedModel
 from transformer.model.embeddings import sinusoidal_positions
@@ -43,6 +53,8 @@ BANNED_BIAS = -1.0e4  # on the output rows of PAD and BOS: far below any logit, 
 EXPORT_FILE = "export.json"
 
 
+EXPORT_FORMAT = 3  # 3: the files' SHA-256; 2: the whole data config (1: its languages only)
+TOKENIZER_KINDS = ("sentencepiece", "word")
 RECORDED = {"model": ("max_positions",), "data": ("src", "tgt"), "source_tokenizer": ("kind", "path"),
             "target_tokenizer": ("kind", "path"), "source_checkpoint": ("path", "sha256")}  # what a reader needs
 
@@ -56,11 +68,26 @@ def read_export_record(folder: str | Path) -> dict[str, Any]:
         raise ConfigError(f"export_dir: {path} is not valid JSON ({error}); export the model again") from None
     if not isinstance(record, dict):
         raise ConfigError(f"export_dir: {path} is not a JSON object; export the model again")
+    written = record.get("format", 1)
+    if not isinstance(written, int) or not 1 <= written <= EXPORT_FORMAT:
+        raise ConfigError(f"export_dir: {path}: format {written!r} is not one this version reads (1 to "
+                          f"{EXPORT_FORMAT}); export the model again with this version, or update transformer")
     for key, fields in {**RECORDED, "decoding": ()}.items():
         value = record.get(key, {} if key == "decoding" else None)
         if not isinstance(value, dict) or any(name not in value for name in fields):
             what = f"an object with {', '.join(fields)}" if fields else "an object"
             raise ConfigError(f"export_dir: {path}: {key} must be {what}; export the model again")
+    for key in ("source_tokenizer", "target_tokenizer"):
+        if record[key]["kind"] not in TOKENIZER_KINDS:
+            raise ConfigError(f"export_dir: {path}: {key}.kind {record[key]['kind']!r} is none of "
+                              f"{', '.join(TOKENIZER_KINDS)}; export the model again")
+    try:
+        from_plain_dict(EvalConfig, record.get("decoding", {}))  # the types and ranges of a composed eval config
+    except (ConfigError, OmegaConfBaseException) as error:
+        key = getattr(error, "full_key", None)
+        reason = str(getattr(error, "msg", error)).strip().splitlines()[0]
+        raise ConfigError(f"export_dir: {path}: decoding: {f'{key}: ' if key else ''}{reason}; export the model "
+                          "again") from None
     return record
 
 
@@ -217,7 +244,7 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
         tokenizers = {side: _save_tokenizer(tok, tmp, side) for side, tok in
                       (("source", trained.src_tok), ("target", trained.tgt_tok))}
         files.write_json(tmp / EXPORT_FILE, {
-            "format": 3,  # 3: the files' SHA-256; 2: the whole data config (1: its languages only)
+            "format": EXPORT_FORMAT,
             "files": {path.name: files.sha256(path) for path in sorted(tmp.iterdir())},
             "source_checkpoint": {"path": str(trained.path.resolve()), "sha256": files.sha256(trained.path)},
             "model": to_plain_dict(trained.config.model),

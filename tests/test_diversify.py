@@ -84,6 +84,10 @@ def test_diversify_writes_the_split_translated_both_ways_and_never_overwrites(co
                                           r"needs tgt->src"):
         run(f"out_dir={root / 'other'}", f"backward=[{toy_runs['forward']}]")
     assert not (root / "other").exists()
+    (root / "a_file").write_text("not a folder\n")
+    for folder in ("a_file", "a_file/below"):  # refused by key before any model loads (nothing is translated)
+        with pytest.raises(ConfigError, match=rf"^out_dir: {root / 'a_file'} is a file, not a folder"):
+            run(f"out_dir={root / folder}", "forward=[nowhere]")
 
 
 def test_training_on_the_diversified_split_validates_and_tests_on_the_corpus(compose_config, toy_runs, caplog):

@@ -130,6 +130,11 @@ def test_an_export_never_overwrites_and_leaves_nothing_on_failure(one_run, tmp_p
     taken.mkdir()
     with pytest.raises(ConfigError, match="out_dir: .*taken exists"):
         export(trained, taken, "none", {})
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")  # a link to nothing is no folder to write, and no place for one
+    with pytest.raises(ConfigError, match=r"^out_dir: .*dangling exists \(a symbolic link\); an export never"):
+        export(trained, dangling, "none", {})
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists()
     with pytest.raises(ConfigError, match="quantization: 'int3'"):
         export(trained, tmp_path / "new", "int3", {})
     if Path("/proc/self").is_dir():  # Linux: a folder no one can make folders in, root included
@@ -142,7 +147,7 @@ def test_an_export_never_overwrites_and_leaves_nothing_on_failure(one_run, tmp_p
     monkeypatch.setattr("transformer.files.atomic_write", broken)
     with pytest.raises(OSError, match="No space left"):
         export(trained, tmp_path / "new", "none", {})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no export, no temporary folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling", "taken"]  # no export, no temporary folder
     monkeypatch.undo()
     previous = os.umask(0o022)
     try:

@@ -23,6 +23,7 @@ import torch
 
 from transformer import files
 from transformer.app.schemas import DiversifyConfig
+from transformer.app.translate_io import check_output_folder
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, to_plain_dict
 from transformer.data.corpus import DataError
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 def run(cfg: DiversifyConfig) -> dict[str, Any]:
     """Translate the forward models' training split both ways and write it, extended, to ``cfg.out_dir``;
     returns what ``out_dir/diversify.json`` records."""
+    check_output_folder("out_dir", cfg.out_dir)  # before any model loads or sentence is translated
     device = choose_device(cfg.device)
     forward = _load("forward", cfg.forward, device)
     data = replace(forward.config.data, train_dir=None)  # the corpus's own training split, whatever trained them

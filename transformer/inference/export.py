@@ -224,8 +224,9 @@ def export(trained: TrainedModel, out_dir: str | Path, quantization: str, decodi
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization: {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     out = Path(out_dir)
-    if out.exists():
-        raise ConfigError(f"out_dir: {out} exists; an export never overwrites: choose a new folder")
+    if os.path.lexists(out):  # a symbolic link too, also one to nothing
+        raise ConfigError(f"out_dir: {out} exists{' (a symbolic link)' if out.is_symlink() else ''}; an export never "
+                          "overwrites: choose a new folder")
     if out.parent.exists() and not out.parent.is_dir():
         raise ConfigError(f"out_dir: {out.parent} is a file, not a folder")
     try:  # before the model is converted: a folder that cannot be written is refused at once, by its key

@@ -157,6 +157,19 @@ def test_a_first_line_without_numbers_is_named_as_such(tmp_path: Path, first_lin
             read(path)
 
 
+def test_a_zip_with_two_members_of_the_dimension_asked_for_asks_which(tmp_path: Path) -> None:
+    path = tmp_path / "two.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("a.3d.txt", "the 1 2 3\n")
+        archive.writestr("b.3d.txt", "the 4 5 6\n")
+        archive.writestr("c.4d.txt", "the 1 2 3 4\n")
+    with pytest.raises(GloveError, match=re.escape(f"{path}: holds 2 files of 3-dimensional vectors ['a.3d.txt', "
+                                                   f"'b.3d.txt']; name one as '{path}:MEMBER'")):
+        read_vectors(path, expected_dim=3)
+    assert read_vectors(f"{path}:b.3d.txt", expected_dim=3).matrix.tolist() == [[4.0, 5.0, 6.0]]
+    assert read_vectors(path, expected_dim=4).dim == 4
+
+
 def test_a_byte_order_mark_is_not_part_of_the_first_word(tmp_path: Path) -> None:
     path = tmp_path / "bom.txt"
     path.write_bytes(b"\xef\xbb\xbf" + ("\n".join(LINES) + "\n").encode("utf-8"))

@@ -104,6 +104,9 @@ def _pick_member(archive: zipfile.ZipFile, zip_path: Path, dim: int | None) -> s
     matching = [n for n, d in dims.items() if d == dim]
     if not matching:
         raise GloveError(f"{zip_path}: no member has {dim}-dimensional vectors (found {dims})")
+    if len(matching) > 1:
+        raise GloveError(f"{zip_path}: holds {len(matching)} files of {dim}-dimensional vectors {matching}; name one "
+                         f"as '{zip_path}:MEMBER'")
     return matching[0]
 
 

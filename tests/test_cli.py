@@ -52,6 +52,9 @@ def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited, monk
     (PermissionError(13, "Permission denied", "/home/u/.cache"), "/home/u/.cache: permission denied", 1),
     (PermissionError(13, "Permission denied", "/out/run"), "/out/run: permission denied", 1),
     (FileExistsError(17, "File exists", "/out/run"), "/out/run: a file is there, where a folder should be made", 1),
+    (FileNotFoundError(2, "No such file or directory", "/proc/.version.snnm7ii3.tmp"),
+     "cannot write in /proc: no such file or directory", 1),  # not Python's [Errno 2] naming the temporary file
+    (FileNotFoundError(2, "No such file or directory", "/data/x.txt"), "/data/x.txt: no such file or directory", 1),
 ])
 def test_an_interrupt_or_a_path_that_cannot_be_written_is_one_line(compose_config, caplog, error, message,
                                                                    code) -> None:

@@ -106,8 +106,11 @@ def path_error_line(error: OSError) -> str:
 
 
 def one_line(error: BaseException) -> str:
-    """An error's message; OmegaConf's (an interpolation that does not resolve, a value of the wrong type) as the key
-    and the first line, where it is a paragraph naming the key on its second."""
+    """An error's message; a failed file operation's as its file and why (not Python's ``[Errno N] ...``); OmegaConf's
+    (an interpolation that does not resolve, a value of the wrong type) as the key and the first line, where it is a
+    paragraph naming the key on its second."""
+    if isinstance(error, OSError) and error.errno is not None and error.filename is not None:
+        return path_error_line(error)  # the file (for one written under a temporary name, its folder) and why
     key = getattr(error, "full_key", None) if isinstance(error, OmegaConfBaseException) else None
     if not key:
         return str(error)

@@ -11,13 +11,16 @@ check: each position option trained on pairs of at most 20 tokens, scored on the
 whole script takes about 6 x (MINUTES + 2) minutes and prints a Markdown table.
 
 The runs are supervised as a recipe's are (:mod:`transformer.app.runs`): Ctrl-C saves every started run, and the
-same command again resumes them; a finished run (its ``metrics.json``) and a finished evaluation are kept.
+same command again resumes them; a finished run (its ``metrics.json``) and a finished evaluation are kept. A run
+that fails stops the others from starting and ends the script without a table (each run's console is in
+``OUT/<run>.out``); run it again once the cause is fixed, and the runs go on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -102,7 +105,8 @@ def table_row(variant: Variant, out: Path) -> str:
     except ValueError:  # stopped before its first log step
         rate = "–"
     tokenized = test.get("tokenized_bleu")
-    return (f"| {variant.folder} | {metrics['parameters']:,} | {metrics['train']['steps']} "
+    parameters = f"{metrics['parameters']:,}" if "parameters" in metrics else "–"  # recorded since version 0.9.13
+    return (f"| {variant.folder} | {parameters} | {metrics['train']['steps']} "
             f"({metrics['train']['reason']}) | {rate} | {test['bleu']:.2f} | {test['chrf']:.2f} | "
             f"{'–' if tokenized is None else f'{tokenized:.2f}'} | {test['n_sentences']} |")
 
@@ -112,6 +116,7 @@ def main() -> None:
     parser.add_argument("out", nargs="?", default="outputs/compare", help="the folder of the runs and pictures")
     parser.add_argument("--minutes", type=float, default=12.0, help="training time of each run")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # which run starts, resumes, is kept
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     src, ref = load_split(DataConfig(source_dir=os.environ.get("MULTI30K_DIR")), "test_2016_flickr")

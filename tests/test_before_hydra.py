@@ -205,5 +205,12 @@ def test_a_config_file_that_is_not_yaml_is_refused_naming_its_file_and_line(tmp_
         with pytest.raises(SystemExit, match=rf"^{broken}:4: not valid YAML \(.*while parsing a flow node\)$"):
             before_hydra.refuse_malformed_yaml([*argv, "experiment=broken"], CONFIG_DIR)
     broken.write_text("a: 1\n\tb: 2\n")
-    with pytest.raises(SystemExit, match=rf"^{broken}:2: not valid YAML \(found a tab character"):
+    with pytest.raises(SystemExit, match=rf"^{broken}:2: not valid YAML \(found character '\\t' that cannot start"):
         before_hydra.refuse_malformed_yaml(["-cd", str(tmp_path)], CONFIG_DIR)
+    broken.write_text("max_steps: 1\nmax_steps: 2\n")  # read by PyYAML's fast loader, refused by Hydra's
+    with pytest.raises(SystemExit, match=rf"^{broken}:2: not valid YAML \(found duplicate key max_steps"):
+        before_hydra.refuse_malformed_yaml(["-cd", str(tmp_path)], CONFIG_DIR)
+    broken.write_text("x: !Ref y\n")  # another tool's tag, or several documents: left to Hydra, if it reads them
+    (tmp_path / "mkdocs.yaml").write_text("a: 1\n---\nb: 2\n")
+    before_hydra.refuse_malformed_yaml(["-cd", str(tmp_path)], CONFIG_DIR)
+    before_hydra.refuse_malformed_yaml(["--config-dir"], CONFIG_DIR)  # no folder given: Hydra says so

@@ -268,7 +268,11 @@ def test_translate_writes_through_links_pipes_and_devices_and_keeps_a_files_mode
     private = tmp_path / "private.txt"
     private.write_text("old\n")
     private.chmod(0o600)
-    translate(f"output={private}", "overwrite=true")
+    previous = os.umask(0o022)  # a new file would be 644: the mode kept is the replaced file's, not the umask's
+    try:
+        translate(f"output={private}", "overwrite=true")
+    finally:
+        os.umask(previous)
     assert private.read_text(encoding="utf-8") == expected and private.stat().st_mode & 0o777 == 0o600
 
     target, link = tmp_path / "target.txt", tmp_path / "link.txt"
@@ -276,6 +280,10 @@ def test_translate_writes_through_links_pipes_and_devices_and_keeps_a_files_mode
     link.symlink_to(target.name)
     translate(f"output={link}", "overwrite=true")
     assert link.is_symlink() and target.read_text(encoding="utf-8") == expected
+    dangling = tmp_path / "dangling.txt"  # a link into a folder that is not there: refused before any translating
+    dangling.symlink_to(tmp_path / "missing" / "out.txt")
+    with pytest.raises(ConfigError, match=rf"^output: the directory {tmp_path / 'missing'} does not exist"):
+        translate(f"output={dangling}")
 
     pipe, received = tmp_path / "pipe", []
     os.mkfifo(pipe)
@@ -288,10 +296,11 @@ def test_translate_writes_through_links_pipes_and_devices_and_keeps_a_files_mode
     translate(f"output={os.devnull}")  # exists, yet is no file to keep: written to without overwrite=true
     assert Path(os.devnull).is_char_device()
 
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
     capsys.readouterr()
-    translate("input=-", "output=-")
-    assert capsys.readouterr().out == expected
+    for output in ("-", "/dev/stdout"):  # /dev/stdout is stdout, whatever the shell made of it
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+        translate("input=-", f"output={output}")
+        assert capsys.readouterr().out == expected
     for key in ("input", "output"):
         with pytest.raises(ConfigError, match=rf"^{key}: is empty; give a file, or leave {key} out \(or {key}=-\)"):
             translate(f"{key}=")

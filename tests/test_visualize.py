@@ -195,7 +195,7 @@ def test_dump_attention_rejects_an_index_outside_the_test_set(model: nn.Module, 
 
 
 def test_dump_attention_rejects_a_chosen_sentence_without_source_tokens(model: nn.Module, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^attention.indices: 1 is a test sentence whose source has no token "
+    with pytest.raises(ConfigError, match=r"^attention.indices: 1 is a sentence whose source has no token "
                                           r"\(' '\): there is nothing to attend to$"):
         dump_attention(AttentionDumpConfig(indices=[0, 1]), _trained(model), EvalConfig(beam_size=1), ["a", " "],
                        ["a", "b"], tmp_path, None)

@@ -135,7 +135,7 @@ def _replaced_mode(path: Path) -> int:
     """The mode for the file that takes ``path``'s name: the mode of the file it replaces (a private file stays
     private), else a new file's."""
     try:
-        return stat.S_IMODE(os.stat(path).st_mode)
+        return stat.S_IMODE(os.stat(path).st_mode) & 0o777  # not setuid, setgid or sticky
     except OSError:
         return _new_file_mode()
 
@@ -153,12 +153,12 @@ def write_text_through(path: str | Path, text: str) -> None:
 
 
 def is_stream(path: str | Path) -> bool:
-    """Whether ``path`` is a device or a named pipe: a file written to as it is, never replaced."""
+    """Whether ``path`` is a character device or a named pipe: a file written to as it is, never replaced."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return False
-    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)  # not a block device: a disk is no place for text
 
 
 def temporary_folder(parent: str | Path, prefix: str) -> Path:

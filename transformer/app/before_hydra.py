@@ -97,23 +97,36 @@ def _parse_failure(arg: str, message: str) -> str:
 
 
 def refuse_malformed_yaml(argv: list[str], config_root: Path) -> None:
-    """Exit naming the file and line of a config file that is not YAML, in ``config_root`` or a ``--config-dir``
-    of ``argv``: Hydra would answer with a traceback of its own frames. Every file is read (a few milliseconds): which
-    ones a command composes is Hydra's to find out."""
+    """Exit naming the file and line of a config file that YAML cannot read (a list left open, a tab in the
+    indentation, a key given twice), in ``config_root`` or a ``--config-dir`` of ``argv``: Hydra would answer with a
+    traceback of its own frames. Every file is read, with the loader Hydra reads them with (a few milliseconds): which
+    ones a command composes is Hydra's to find out. What YAML reads but Hydra may not (a tag of another tool, several
+    documents, bytes that are not UTF-8) is left to Hydra."""
     folders = [config_root]
     for i, arg in enumerate(argv):
         if flag(arg) in ("-cd", "--config-dir"):
-            folders.append(Path(arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else "."))
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    for path in sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("*.yaml")):
+            value = arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else ""
+            if value:
+                folders.append(Path(value))
+    try:
+        from omegaconf._utils import get_yaml_loader  # the loader OmegaConf, and so Hydra, reads config files with
+
+        loader: Any = get_yaml_loader()
+    except ImportError:  # another omegaconf: PyYAML's own safe loader reads nearly the same
+        loader = yaml.SafeLoader
+    for path in sorted(p for folder in folders if folder.is_dir() for p in folder.rglob("*.yaml") if p.is_file()):
         try:
             yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+        except (OSError, UnicodeDecodeError):
+            continue
         except yaml.MarkedYAMLError as error:
+            if isinstance(error, yaml.constructor.ConstructorError) and "duplicate key" not in str(error.problem):
+                continue  # a tag of another tool's file
+            if isinstance(error, yaml.composer.ComposerError):
+                continue  # several documents: not a config file
             mark = error.problem_mark or error.context_mark
             where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
             sys.exit(f"{where}: not valid YAML ({' '.join(filter(None, (error.problem, error.context)))})")
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-            sys.exit(f"{path}: not a readable YAML file ({error})")
 
 
 def refuse_mistyped_keys(schema: type, argv: list[str], root_config: Path) -> None:

@@ -297,7 +297,8 @@ def _checked_training(cfg: DictConfig) -> Any:
 
 def train_main() -> None:
     _setup(schemas.TrainConfig, "train", _checked_training)
-    before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
+    with said_by_rank_0():
+        before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
     sys.argv = before_hydra.the_resumed_recipe_shown(sys.argv)
     sys.argv = before_hydra.with_overrides(sys.argv, before_hydra.resume_in_its_run_dir(sys.argv[1:]))
     sys.argv = before_hydra.with_overrides(sys.argv, before_hydra.as_a_rank_above_0(sys.argv[1:]))

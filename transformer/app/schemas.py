@@ -110,8 +110,8 @@ class TranslateConfig:
         _check_one_model(self.run_dir, self.checkpoint, self.export_dir, self.ensemble, self.eval.fixed_shape)
         for key, stream in (("input", "stdin"), ("output", "stdout")):
             check(getattr(self, key) != "", key, f"is empty; give a file, or leave {key} out (or {key}=-) for {stream}")
-        self.input = None if self.input == "-" else self.input  # the usual name of the standard streams
-        self.output = None if self.output == "-" else self.output
+        self.input = None if self.input in ("-", "/dev/stdin") else self.input  # the standard streams' names
+        self.output = None if self.output in ("-", "/dev/stdout") else self.output  # also when stdout is a file
 
 
 

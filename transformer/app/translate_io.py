@@ -35,10 +35,11 @@ def check_output_file(path: str, input_path: str | None, overwrite: bool) -> Non
         return
     if target.exists() and not overwrite:
         raise ConfigError(f"output: {path} exists; choose a new file, or overwrite=true to replace it")
-    if not target.parent.is_dir():
-        raise ConfigError(f"output: the directory {target.parent} does not exist; create it or choose another file")
-    if not os.access(target.parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"output: cannot write in {target.parent} (permission denied); choose another file")
+    folder = Path(os.path.realpath(target)).parent  # a symbolic link's file is written, in its own folder
+    if not folder.is_dir():
+        raise ConfigError(f"output: the directory {folder} does not exist; create it or choose another file")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"output: cannot write in {folder} (permission denied); choose another file")
 
 
 def check_output_folder(key: str, path: str | Path) -> None:
@@ -93,8 +94,11 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
     if output is not None and files.is_stream(output):
         with open(output, "w", encoding="utf-8") as stream:
             for nbest in _windows(lines, translate_lines):
-                stream.write(_as_text(nbest))
-                stream.flush()
+                try:
+                    stream.write(_as_text(nbest))
+                    stream.flush()
+                except BrokenPipeError:  # a reader of the pipe that stopped early, as on stdout
+                    sys.exit(141)
         return
     done: list[list[str]] = []
     try:
@@ -103,6 +107,8 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
                 write_translations(None, nbest)
             else:
                 done += nbest
+        if output is not None:
+            write_translations(output, done)
     except BaseException as error:
         if output is None or not done:
             raise
@@ -113,8 +119,6 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
             raise KeyboardInterrupt(f"interrupted; {kept}") from None
         log.error("translate failed; %s", kept)
         raise
-    if output is not None:
-        write_translations(output, done)
 
 
 def _windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]]) -> Iterator[list[list[str]]]:

@@ -311,7 +311,7 @@ def check_indices(cfg: AttentionDumpConfig, sources: list[str], src_tok: Tokeniz
             raise ConfigError(f"attention.indices: {index} is outside the sentences scored{named} "
                               f"(0..{len(sources) - 1})")
         if not src_tok.encode(sources[index]):
-            raise ConfigError(f"attention.indices: {index} is a test sentence whose source has no token "
+            raise ConfigError(f"attention.indices: {index} is a sentence whose source has no token "
                               f"({sources[index]!r}): there is nothing to attend to")
     for i, text in enumerate(cfg.texts):
         if not src_tok.encode(text):

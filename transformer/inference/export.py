@@ -40,6 +40,7 @@ from transformer.config import (
     EvalConfig,
     NormPosition,
     PositionKind,
+    TokenizerKind,
     from_plain_dict,
     to_plain_dict,
 )
@@ -54,7 +55,7 @@ EXPORT_FILE = "export.json"
 
 
 EXPORT_FORMAT = 3  # 3: the files' SHA-256; 2: the whole data config (1: its languages only)
-TOKENIZER_KINDS = ("sentencepiece", "word")
+TOKENIZER_KINDS = tuple(kind.value for kind in TokenizerKind)
 RECORDED = {"model": ("max_positions",), "data": ("src", "tgt"), "source_tokenizer": ("kind", "path"),
             "target_tokenizer": ("kind", "path"), "source_checkpoint": ("path", "sha256")}  # what a reader needs
 

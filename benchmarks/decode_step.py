@@ -9,6 +9,10 @@ target tokens and once to 40; the difference between the two, divided by 30, is 
 the encoder and the set-up. Operators are counted at PyTorch's dispatcher (every aten call, views included); on
 a GPU that count is what the host launches each step, unless the step is a CUDA-graph replay. Milliseconds are
 the best of ``--repeats`` timings. Prints a Markdown table.
+
+``--bf16`` decodes with a bfloat16 copy of the model (``eval.precision=bf16``). ``--profile`` then prints where the
+time of the fixed-shape searches' eager steps goes, operator by operator (on a GPU by the device's time: the
+kernels a CUDA graph replays are these).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from typing import Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer.config import LengthNorm, ModelConfig
@@ -70,6 +75,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bf16", action="store_true", help="decode with a bfloat16 copy of the model")
+    parser.add_argument("--profile", action="store_true", help="also profile the fixed-shape searches' eager steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -78,7 +85,7 @@ def main() -> None:
     model = build_model(cfg, 1000, 1000, PAD_ID).eval()
     with torch.no_grad():  # EOS's logit 0, below the best of 997 others: no hypothesis ends early
         model.tgt_token_embedding.weight[EOS_ID] = 0.0
-    model = model.to(device)
+    model = model.to(device, torch.bfloat16 if args.bf16 else torch.float32)
     src = torch.randint(4, 1000, (args.rows, 12), device=device)
     special = dict(pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0.0)
     searches: dict[str, Callable[[int], object]] = {
@@ -100,12 +107,29 @@ def main() -> None:
             model, src, beam_size=5, n_best=1, length_penalty=1.5, length_norm=LengthNorm.gnmt, max_len_b=limit,
             check_every=LONG, cuda_graph=True, **special)
     print(f"d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {args.rows} sentences, "
-          f"{device.type}" + (f", {args.threads} threads" if device.type == "cpu" else ""))
+          f"{device.type}" + (f", {args.threads} threads" if device.type == "cpu" else "")
+          + (", bfloat16" if args.bf16 else ", float32"))
     print("\n| search | operators a step | ms a step |\n| --- | --- | --- |")
     for name, run in searches.items():
         run(SHORT)  # warm-up
         ops, ms = per_step(run, device, args.repeats)
         print(f"| {name} | {ops:.0f} | {ms:.3f} |")
+    if args.profile:
+        for name in ("greedy, fixed shapes, eager", "beam 5, fixed shapes, eager"):
+            print_profile(name, searches[name], device)
+
+
+def print_profile(name: str, run: Callable[[int], object], device: torch.device) -> None:
+    """The operators of ``run(LONG)`` by their own time (the device's on a GPU), per step."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        run(LONG)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    total = sum(getattr(event, key) for event in prof.key_averages())
+    print(f"\n{name}, {LONG} steps: {total / LONG / 1000:.3f} ms a step of {key.replace('_', ' ')}")
+    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

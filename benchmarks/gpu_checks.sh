@@ -3,13 +3,14 @@
 # $OUT (else gpu_checks/).
 #
 #   benchmarks/gpu_checks.sh targets  # every figure the GPU targets still lack, in one command of TARGETS_LIMIT
-#                                  # seconds (480): the fixed-shape searches' gpu tests and operators a step; the
-#                                  # default model's test set decoded greedy and beam 5, cache on and off, ordinary
-#                                  # and in fixed shapes (TARGETS_CHECKPOINT, else the default job trained here for
+#                                  # seconds (480): the fixed-shape searches' gpu tests, operators a step and where
+#                                  # the step's GPU time goes (float32; and bfloat16); the default model's test set
+#                                  # decoded greedy and beam 5, cache on and off, ordinary and in fixed shapes, in
+#                                  # float32 and bfloat16 (TARGETS_CHECKPOINT, else the default job trained here for
 #                                  # two minutes), and by CTranslate2 in float16 (the anchor; its wheel in
-#                                  # .whl/ctranslate2); base's MFU at 16,384 positions (profiled) and 32,768; OpenNMT-py
-#                                  # beside this project, small then base. Each part gets what time is left; the
-#                                  # logs come back as one targets.tgz
+#                                  # .whl/ctranslate2); base's MFU at 16,384 positions (profiled) and 32,768. Each
+#                                  # part gets what time is left; the logs come back as one targets.tgz (OpenNMT-py
+#                                  # beside this project, met at 0.9.13: the peers mode)
 #   benchmarks/gpu_checks.sh short # what one ten-minute command can hold, for 15 minutes of GPU time in all: the gpu
 #                                  # tests, the default job with CUDA graphs (limited to 3.5 minutes: annealed if cut),
 #                                  # then eager against graphs for the default model and decoding its checkpoint
@@ -119,7 +120,8 @@ targets)
     trap 'tar czf "$logs/targets.tgz" -C /tmp/gpu_targets logs' EXIT
     echo "libcublas.so.12 (CTranslate2 4.x's CUDA build needs it): $(ldconfig -p | grep -c 'libcublas\.so\.12 ') found"
     within 60 fixed_tests python -m pytest -q -m gpu tests/test_fixed_shape.py
-    within 40 decode_step python benchmarks/decode_step.py --device cuda --d-model 128 --rows 512
+    within 40 decode_step python benchmarks/decode_step.py --device cuda --d-model 128 --rows 512 --profile
+    within 40 decode_step_bf16 python benchmarks/decode_step.py --device cuda --d-model 128 --rows 512 --bf16
     checkpoint="${TARGETS_CHECKPOINT:-}"
     if [[ ! -f $checkpoint ]]; then
         echo "no TARGETS_CHECKPOINT file ('$checkpoint'): the default job trains here for two minutes"
@@ -129,6 +131,9 @@ targets)
     within 100 decoding python scripts/benchmark.py "checkpoint=$checkpoint" train_steps=5 eval.beam_size=5 \
         "hydra.run.dir=$out/decoding"
     sed -n '/^| decoding/,$p' "$out/decoding/benchmark.md" 2>/dev/null
+    within 100 decoding_bf16 python scripts/benchmark.py "checkpoint=$checkpoint" train_steps=5 eval.beam_size=5 \
+        eval.precision=bf16 "hydra.run.dir=$out/decoding_bf16"
+    sed -n '/^| decoding/,$p' "$out/decoding_bf16/benchmark.md" 2>/dev/null
     if ((deadline - SECONDS > 30)) && ctranslate2_on_cuda; then  # the anchor: float16 export, by CTranslate2
         within 90 anchor env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
             PYTHONPATH="/tmp/gpu_targets/ct2${PYTHONPATH:+:$PYTHONPATH}" \
@@ -143,11 +148,6 @@ targets)
         grep -h "FLOP\|target tokens/s\|per step" "$out/base_$positions/benchmark.md" 2>/dev/null
     done
     grep -h "profiled steps" "$out/base_16384/profile.txt" 2>/dev/null
-    for model in small base; do
-        within 170 "peers_$model" python benchmarks/peer_opennmt.py --model "$model" --work /tmp/gpu_targets/peers
-        cp "/tmp/gpu_targets/peers/opennmt_$model/train.log" "$out/peers_${model}_opennmt.log" 2>/dev/null
-        cp "/tmp/gpu_targets/peers/peer_$model.json" "$out/" 2>/dev/null
-    done
     echo "targets: $SECONDS s in all"
     ;;
 short)

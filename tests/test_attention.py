@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transformer.model.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
-from transformer.model.masks import causal_mask, decoder_self_mask, padding_mask
+from transformer.model.masks import causal_mask, decoder_self_mask, key_mask, padding_mask
 
 PAD = 0
 
@@ -78,9 +78,12 @@ def _mask_kinds() -> dict[str, torch.Tensor]:
     }
 
 
+@pytest.mark.parametrize("ready", [False, True])
 @pytest.mark.parametrize("kind", list(_mask_kinds()))
-def test_fused_and_explicit_paths_agree(kind: str) -> None:
+def test_fused_and_explicit_paths_agree(kind: str, ready: bool) -> None:
     mask = _mask_kinds()[kind]
+    if ready and mask is not None:  # the mask as the encoder and decoder pass it, readied once for every layer
+        mask = key_mask(mask)
     torch.manual_seed(2)
     inputs = [torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3)]
     d_out = torch.randn(2, 3, 5, 4)

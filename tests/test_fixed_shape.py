@@ -1,6 +1,7 @@
 """Greedy and beam search in fixed shapes (``transformer.inference.fixed_shape``): the hypotheses of the ordinary
 searches for every position kind and option, length normalisation and n-best, on a trained model too, without
-reading the device back inside a step; on CUDA also replayed as a CUDA graph."""
+reading the device back inside a step; on CUDA also replayed as a CUDA graph; a bfloat16 copy of a trained model
+decoding as well."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from transformer.config import (
     ModelConfig,
     NormPosition,
     PositionKind,
+    Precision,
 )
 from transformer.data.tokenizer import EOS_ID, PAD_ID
 from transformer.inference.fixed_shape import _cannot_win, fixed_shape_beam, fixed_shape_greedy
@@ -209,10 +211,11 @@ def test_a_step_holds_nothing_a_cuda_graph_cannot(monkeypatch, search: str) -> N
 
     operators = _Operators()
 
-    def run(step, steps, done, check_every, use_graph, device) -> None:  # the step as _captured would record it
+    def run(step, steps, done, check_every, use_graph, device) -> int:  # the step as _captured would record it
         step()
         with operators:
             step()
+        return 2
 
     monkeypatch.setattr(fixed_shape, "_run", run)
     model, src = tiny_model(), varied_sources()
@@ -267,3 +270,45 @@ def test_the_stopping_rule_by_hand() -> None:
     bound = torch.full((5,), 0.4, dtype=torch.float64)
     assert _cannot_win(alive, n_finished, finished, bound, 1, LengthNorm.average).tolist() == [False, True, True,
                                                                                                True, True]
+
+
+@pytest.mark.slow
+def test_a_bfloat16_copy_decodes_the_trained_reversal_model(reversal_model) -> None:
+    from transformer.inference.translation import decoding_model
+
+    bf16 = decoding_model(reversal_model, Precision.bf16, "cpu")
+    assert bf16 is not reversal_model and next(bf16.parameters()).dtype == torch.bfloat16
+    assert next(reversal_model.parameters()).dtype == torch.float32  # the model itself is left as it was
+    assert decoding_model(bf16, Precision.bf16, "cpu") is bf16  # already in bfloat16: no second copy
+    for kept in (Precision.fp32, Precision.auto):  # auto: bf16 on a GPU only
+        assert decoding_model(reversal_model, kept, "cpu") is reversal_model
+    src, _, _ = reversal_batch(torch.Generator().manual_seed(7), 50)  # held-out strings
+    expected = [row[row != PAD_ID].flip(0).tolist() for row in src]
+    beams = dict(beam_size=4, n_best=1, length_penalty=0.6, length_norm=LengthNorm.gnmt, max_len_a=1.0, max_len_b=3,
+                 **SPECIAL)
+    found = fixed_shape_beam(bf16, src, **beams)
+    assert sum(b[0].tokens == e for b, e in zip(found, expected)) >= 49
+    exact = fixed_shape_beam(reversal_model, src, **beams)
+    same = [(b[0], e[0]) for b, e in zip(found, exact) if b[0].tokens == e[0].tokens]
+    assert len(same) >= 49
+    # bfloat16 keeps about three significant digits: the scores of the same hypotheses stay close
+    assert [b.score for b, _ in same] == pytest.approx([e.score for _, e in same], abs=0.05)
+
+
+def test_translate_hypotheses_searches_with_the_model_eval_precision_asks_for(monkeypatch) -> None:
+    from transformer.inference import translation
+
+    class Ids:  # a tokenizer of letters, enough to reach the search
+        pad_id, bos_id, eos_id = PAD_ID, 1, EOS_ID
+
+        def encode(self, text: str) -> list[int]:
+            return [4 + ord(c) % 20 for c in text]
+
+    seen = []
+    monkeypatch.setattr(translation, "_search", lambda model, src, *args: seen.append(next(model.parameters()).dtype)
+                        or [[translation.Hypothesis([], 0.0, 0.0)]] * src.size(0))
+    model = tiny_model()
+    for precision in (Precision.fp32, Precision.bf16):
+        translation.translate_hypotheses(model, ["abc", "de"], Ids(), Ids(), EvalConfig(precision=precision), "cpu", 64)
+    assert seen == [torch.float32, torch.bfloat16]
+    assert next(model.parameters()).dtype == torch.float32

@@ -300,6 +300,9 @@ class EvalConfig:
     batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
     use_cache: bool = True  # the decoder's key/value cache (same output, faster)
     fixed_shape: bool = False  # search in fixed shapes, no host work a step; on a GPU a CUDA-graph replay a step
+    # The searches' arithmetic. bf16: a bfloat16 copy of the model decodes (on a GPU half the memory traffic; the
+    # translations may differ a little from fp32's; slow on most CPUs); auto: bf16 on GPUs that have it, else fp32.
+    precision: Precision = Precision.fp32
     # Random sampling (with beam_size 1; n_best: samples per sentence). 1: search, no sampling; 0: draw each token
     # from the whole distribution; k >= 2: from the k likeliest tokens.
     sampling_topk: int = 1

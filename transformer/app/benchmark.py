@@ -317,7 +317,8 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
         "torch": torch.__version__,
         "model": to_plain_dict(cfg.model),
         "max_tokens": cfg.training.max_tokens, "training": asdict(speed), "matmul_flops": peak,
-        "mfu": speed.achieved_flops / peak, "decoding": decoding, "peak_memory_mb": peak_memory_mb(device),
+        "mfu": speed.achieved_flops / peak, "decoding": decoding, "decoding_precision": cfg.eval.precision.value,
+        "peak_memory_mb": peak_memory_mb(device),
     }
     sheet = datasheet_flops(result["device_name"]) if device.type == "cuda" else None
     if sheet is not None:
@@ -347,7 +348,8 @@ def markdown_report(result: dict[str, Any]) -> str:
     if "datasheet_flops" in result:
         lines += [f"| data-sheet peak (dense bf16) | {result['datasheet_flops'] / 1e9:.1f} GFLOP/s |",
                   f"| model FLOP utilisation, against the data sheet | {100 * result['mfu_datasheet']:.1f} % |"]
-    lines += ["", "| decoding | KV cache | sentences/s | tokens/s | lines as the cached search |",
+    precision = result.get("decoding_precision", "fp32")  # eval.precision
+    lines += ["", f"| decoding ({precision}) | KV cache | sentences/s | tokens/s | lines as the cached search |",
               "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['search']} | {'yes' if r['cache'] else 'no'} | {r['sentences_per_s']:.1f} | "
               f"{r['tokens_per_s']:,.0f} | {_same(r)} |" for r in result["decoding"]]

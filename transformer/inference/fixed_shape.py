@@ -9,6 +9,9 @@ read back waits for the device. Here every step has the same shapes and stays on
   written in place at a position held on the device;
 - finished rows stay in the batch and are ignored; tokens, lengths and log-probs are gathered on the device, and
   beam search's finished hypotheses too (each sentence's best ``beam_size`` and their count);
+- beam search writes each step's tokens once, beside the row each continues (:class:`_Trail`): a hypothesis is
+  where its last token lies, and its tokens are followed back once at the end, not copied every step; one gather
+  reorders every layer's keys and values;
 - the host reads one flag, "is every sentence done", every ``check_every`` steps, and everything else once at
   the end;
 - on CUDA the step is captured as a CUDA graph once per batch (after a first step run eagerly, which warms the
@@ -124,7 +127,7 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
     token = torch.full((batch * beam, 1), bos_id, dtype=torch.long, device=device)  # fed at the next step
     alive = torch.full((batch, beam), -math.inf, device=device)  # cumulative log-probs; -inf: an empty slot
     alive[:, 0] = 0.0  # one live hypothesis per sentence at first, so the beam holds no duplicates
-    history = torch.full((batch * beam, steps), pad_id, dtype=torch.long, device=device)  # alive tokens
+    trail = _Trail.empty(steps, batch * beam, device)
     limit = torch.tensor(limits, dtype=torch.long, device=device)  # (batch,)
     # the length penalty of every length, computed on the host as the ordinary search does, so scores match it
     penalties = torch.tensor([length_penalty_of(max(n, 1), alpha, norm) for n in range(steps + 1)],
@@ -132,7 +135,14 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
     bound = penalties.index_select(0, limit)  # (batch,) no continuation's score exceeds its log-prob over this
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     n_finished = torch.zeros(batch, dtype=torch.long, device=device)
-    finished = _Finished.empty(batch, beam, steps, pad_id, device)
+    finished = _Finished.empty(batch, beam, device)
+
+    own_row = torch.arange(batch * beam, device=device).view(batch, beam)  # (batch, beam): each row's index
+    k = min(2 * beam, beam * banned.size(0))  # candidates a step: expand_beams' best 2 * beam
+    # what the candidates finished at a step are, in merge order: the EOS ones (their parent's tokens, EOS not
+    # counted), then the alive ones that reach the limit (every token); length: the step's count plus this
+    ends_by_eos = torch.arange(k + beam, device=device) < k  # (k + beam,)
+    length_offset = ends_by_eos.long().neg()  # (k + beam,): -1 for EOS
 
     def step() -> None:
         logits = model.decode(token, enc, cache).logits[:, -1].float() + banned  # (rows, vocab)
@@ -140,28 +150,26 @@ def fixed_shape_beam(model: Transformer, src: Tensor, *, beam_size: int, n_best:
         finishing, order = select_beams(cand, beam, eos_id)
         generated = cache.position  # (1,): tokens generated so far, this step's included (decode advanced it)
         penalty = penalties.index_select(0, generated)  # the length counts the EOS, or is the limit
-        n_finished.add_(finishing.sum(dim=1))
-        k = cand.token.size(1)
-        parent_tokens = history.index_select(0, (first_row + cand.parent).flatten()).view(batch, k, steps)
-        finished.merge(torch.where(finishing, cand.log_prob.double() / penalty, -math.inf), cand.log_prob,
-                       parent_tokens, generated - 1, True)
+        parents = first_row + cand.parent  # (batch, k): each candidate's row at the previous step
         new_token, log_prob = cand.token.gather(1, order), cand.log_prob.gather(1, order)
         log_prob = log_prob.masked_fill(new_token == eos_id, -math.inf)  # EOS only as filler: an empty slot
-        rows = (first_row + cand.parent.gather(1, order)).flatten()  # (rows,) the parent of each new row
-        history.copy_(history.index_select(0, rows))
-        history.index_copy_(1, generated - 1, new_token.view(-1, 1))
-        cache.reorder_(rows)
+        rows = parents.gather(1, order)  # (batch, beam): the row each new one continues
+        trail.extend(generated, new_token, rows)
+        cache.reorder_(rows.flatten())
         token.copy_(new_token.view(-1, 1))
         at_limit = (generated >= limit) & ~done  # (batch,): the alive hypotheses finish as they are
         joining = at_limit[:, None] & torch.isfinite(log_prob)
-        n_finished.add_(joining.sum(dim=1))
-        finished.merge(torch.where(joining, log_prob.double() / penalty, -math.inf), log_prob,
-                       history.view(batch, beam, steps), generated, False)
+        n_finished.add_(finishing.sum(dim=1) + joining.sum(dim=1))
+        ending = torch.cat([cand.log_prob, log_prob], dim=1)  # (batch, k + beam)
+        score = torch.where(torch.cat([finishing, joining], dim=1), ending.double() / penalty, -math.inf)
+        finished.merge(score, ending, torch.cat([parents, own_row], dim=1), (generated + length_offset).expand_as(score),
+                       ends_by_eos.expand_as(score))
         done.logical_or_(at_limit | _cannot_win(log_prob, n_finished, finished.score, bound, n_best, norm))
         alive.copy_(log_prob.masked_fill(done[:, None], -math.inf))
 
-    _run(step, steps, done, check_every, use_graph, device)
-    return finished.hypotheses(n_best, alpha, norm)
+    taken = _run(step, steps, done, check_every, use_graph, device)
+    tokens = trail.backtrack(finished.row, finished.length, taken, pad_id)  # (batch, beam, steps)
+    return finished.hypotheses(tokens, n_best, alpha, norm)
 
 
 def _cannot_win(alive: Tensor, n_finished: Tensor, finished: Tensor, bound: Tensor, n_best: int,
@@ -182,43 +190,69 @@ def _cannot_win(alive: Tensor, n_finished: Tensor, finished: Tensor, bound: Tens
 
 
 @dataclass
+class _Trail:
+    """Every step's alive tokens and where each row came from, written once, never reordered: a hypothesis's tokens
+    are read back from its last row by following the parents (:meth:`backtrack`)."""
+
+    token: Tensor  # (steps, rows) long: the token each row took at a step
+    parent: Tensor  # (steps, rows) long: the row it continued, at the step before
+
+    @classmethod
+    def empty(cls, steps: int, rows: int, device: torch.device) -> _Trail:
+        return cls(torch.zeros(steps, rows, dtype=torch.long, device=device),
+                   torch.zeros(steps, rows, dtype=torch.long, device=device))
+
+    def extend(self, generated: Tensor, token: Tensor, parent: Tensor) -> None:
+        """Record step ``generated`` (a (1,) tensor counting from 1): each row's token and parent, (batch, beam)."""
+        self.token.index_copy_(0, generated - 1, token.view(1, -1))
+        self.parent.index_copy_(0, generated - 1, parent.view(1, -1))
+
+    def backtrack(self, row: Tensor, length: Tensor, taken: int, pad_id: int) -> Tensor:
+        """The tokens of the hypotheses that end in ``row`` after ``length`` steps, both (batch, beam), as
+        (batch, beam, steps) padded with ``pad_id``; ``taken``: the steps run. One pass over the steps, last first."""
+        tokens = torch.full((*row.shape, self.token.size(0)), pad_id, dtype=torch.long, device=row.device)
+        row = row.clone()
+        for step in range(taken, 0, -1):  # step ``step`` wrote position step - 1
+            inside = length >= step
+            tokens[..., step - 1] = torch.where(inside, self.token[step - 1][row], pad_id)
+            row = torch.where(inside, self.parent[step - 1][row], row)
+        return tokens
+
+
+@dataclass
 class _Finished:
-    """The ``beam`` best finished hypotheses of each sentence, best first (-inf scores: empty slots)."""
+    """The ``beam`` best finished hypotheses of each sentence, best first (-inf scores: empty slots), each as where
+    its tokens end in the :class:`_Trail`."""
 
     score: Tensor  # (batch, beam) float64
     log_prob: Tensor  # (batch, beam) float32
-    tokens: Tensor  # (batch, beam, steps)
+    row: Tensor  # (batch, beam) long: the row of its last token
     length: Tensor  # (batch, beam) long: tokens without EOS
     ended: Tensor  # (batch, beam) bool: by EOS
 
     @classmethod
-    def empty(cls, batch: int, beam: int, steps: int, pad_id: int, device: torch.device) -> _Finished:
+    def empty(cls, batch: int, beam: int, device: torch.device) -> _Finished:
         return cls(torch.full((batch, beam), -math.inf, dtype=torch.float64, device=device),
                    torch.zeros(batch, beam, device=device),
-                   torch.full((batch, beam, steps), pad_id, dtype=torch.long, device=device),
+                   torch.zeros(batch, beam, dtype=torch.long, device=device),
                    torch.zeros(batch, beam, dtype=torch.long, device=device),
                    torch.zeros(batch, beam, dtype=torch.bool, device=device))
 
-    def merge(self, score: Tensor, log_prob: Tensor, tokens: Tensor, length: Tensor, ended: bool) -> None:
-        """Keep the best ``beam`` of these and the candidates (batch, c), in place. A stable sort: among equal scores
-        the earlier finished stays first, as in the ordinary search's final sort."""
-        batch, beam = self.score.shape
-        c = score.size(1)
+    def merge(self, score: Tensor, log_prob: Tensor, row: Tensor, length: Tensor, ended: Tensor) -> None:
+        """Keep the best ``beam`` of these and the candidates, all (batch, c), in place. A stable sort: among equal
+        scores the earlier finished stays first, as in the ordinary search's final sort."""
+        beam = self.score.size(1)
         best, pick = torch.cat([self.score, score], dim=1).sort(dim=1, descending=True, stable=True)
-        best, pick = best[:, :beam], pick[:, :beam]  # (batch, beam)
-        self.score.copy_(best)
-        self.log_prob.copy_(torch.cat([self.log_prob, log_prob], dim=1).gather(1, pick))
-        steps = self.tokens.size(2)
-        self.tokens.copy_(torch.cat([self.tokens, tokens], dim=1).gather(1, pick[..., None].expand(batch, beam, steps)))
-        self.length.copy_(torch.cat([self.length, length.expand(batch, c)], dim=1).gather(1, pick))
-        self.ended.copy_(torch.cat([self.ended, torch.full_like(self.ended[:, :1], ended).expand(batch, c)],
-                                   dim=1).gather(1, pick))
+        pick = pick[:, :beam]  # (batch, beam)
+        self.score.copy_(best[:, :beam])
+        for kept, new in ((self.log_prob, log_prob), (self.row, row), (self.length, length), (self.ended, ended)):
+            kept.copy_(torch.cat([kept, new], dim=1).gather(1, pick))
 
-    def hypotheses(self, n_best: int, alpha: float, norm: LengthNorm) -> list[list[Hypothesis]]:
-        """The ``n_best`` best of each sentence, read back once."""
-        scores, log_probs, tokens = self.score.tolist(), self.log_prob.tolist(), self.tokens.tolist()
+    def hypotheses(self, tokens: Tensor, n_best: int, alpha: float, norm: LengthNorm) -> list[list[Hypothesis]]:
+        """The ``n_best`` best of each sentence, read back once; ``tokens``: theirs, (batch, beam, steps)."""
+        scores, log_probs, ids = self.score.tolist(), self.log_prob.tolist(), tokens.tolist()
         lengths, ended = self.length.tolist(), self.ended.tolist()
-        return [[finalize_hypothesis(tokens[i][j][: lengths[i][j]], log_probs[i][j], ended[i][j], alpha, norm)
+        return [[finalize_hypothesis(ids[i][j][: lengths[i][j]], log_probs[i][j], ended[i][j], alpha, norm)
                  for j in range(n_best) if scores[i][j] > -math.inf] for i in range(len(scores))]
 
 
@@ -237,17 +271,19 @@ def _use_graph(cuda_graph: bool | None, device: torch.device) -> bool:
 
 
 def _run(step: Callable[[], None], steps: int, done: Tensor, check_every: int, use_graph: bool,
-         device: torch.device) -> None:
+         device: torch.device) -> int:
     """Up to ``steps`` steps: the first eagerly (on a GPU it also warms up what the graph will need), the others
-    replayed from a CUDA graph when ``use_graph``; the host reads ``done.all()`` every ``check_every`` steps."""
+    replayed from a CUDA graph when ``use_graph``; the host reads ``done.all()`` every ``check_every`` steps.
+    Returns the steps run."""
     replay = _captured(step, device) if use_graph and steps > 1 else None
     if replay is None:
         step()
         replay = step
     for taken in range(1, steps):
         if taken % check_every == 0 and bool(done.all()):
-            break
+            return taken
         replay()
+    return steps
 
 
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}  # one side stream per CUDA device, for warm-ups and captures

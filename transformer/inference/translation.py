@@ -3,6 +3,7 @@ model: :mod:`transformer.inference.loading`; the searches themselves: :mod:`tran
 
 from __future__ import annotations
 
+import copy
 import sys
 import warnings
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from transformer.config import ConfigError, EvalConfig
+from transformer.config import ConfigError, EvalConfig, Precision
 from transformer.data.tokenizer import Tokenizer
 from transformer.inference.ensemble import Ensemble, select_ensemble_encoder
 from transformer.inference.fixed_shape import fixed_shape_beam, fixed_shape_greedy
@@ -81,7 +82,8 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     line (:mod:`~transformer.inference.sampling`), best score first, drawn from ``random`` (default: a generator
     seeded for this call; pass one :func:`~transformer.inference.sampling.generator` to calls that go on from each
     other), ``eval.batch_size / n_best`` lines at a time.
-    The model is in eval mode during the call and restored after.
+    The model is in eval mode during the call and restored after; ``eval.precision`` bf16 decodes with a bfloat16
+    copy of it (:func:`decoding_model`).
     ``progress`` shows a progress bar (sentences) on stderr when it is a terminal.
     """
     ids = encode_sources(texts, src_tok, max_positions)
@@ -89,6 +91,7 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
     model.eval()
+    searcher = decoding_model(model, cfg.precision, device)
     bar = progress_bar(len(todo), progress)
     sampler = Sampler.from_config(cfg, device, random)
     try:
@@ -97,13 +100,26 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
             for start in range(0, len(todo), batch_size):
                 chunk = todo[start:start + batch_size]
                 src = _pad([ids[i] for i in chunk], src_tok.pad_id, device)  # (batch, src_len)
-                for i, nbest in zip(chunk, _search(model, src, tgt_tok, cfg, max_positions, sampler)):
+                for i, nbest in zip(chunk, _search(searcher, src, tgt_tok, cfg, max_positions, sampler)):
                     outputs[i] = nbest
                 bar.update(len(chunk))
     finally:
         bar.close()
         model.train(was_training)
     return outputs
+
+
+def decoding_model(model: nn.Module, precision: Precision, device: torch.device | str) -> nn.Module:
+    """The model a search runs for ``eval.precision``: ``model`` itself for fp32 (and when its weights are in
+    bfloat16 already), else a bfloat16 copy of it, for bf16 or for auto on a GPU that has bfloat16. The searches
+    turn the logits to float32 before their log-softmax, so scores add up in float32 either way."""
+    gpu = torch.device(device).type == "cuda"
+    if precision is Precision.bf16 and gpu and not torch.cuda.is_bf16_supported():
+        raise ConfigError("eval.precision: bf16, but this GPU does not support bfloat16; use fp32 or auto")
+    bf16 = precision is Precision.bf16 or (precision is Precision.auto and gpu and torch.cuda.is_bf16_supported())
+    if not bf16 or next(model.parameters()).dtype == torch.bfloat16:
+        return model
+    return copy.deepcopy(model).to(torch.bfloat16)
 
 
 def progress_bar(sentences: int, progress: bool) -> tqdm:

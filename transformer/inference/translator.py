@@ -36,7 +36,7 @@ from transformer.inference.export import EXPORT_FILE, check_export_files, read_e
 from transformer.inference.loading import TrainedModel, load_model
 from transformer.inference.sampling import generator
 from transformer.inference.search import length_penalty, max_length
-from transformer.inference.translation import encode_sources, progress_bar, translate_hypotheses
+from transformer.inference.translation import decoding_model, encode_sources, progress_bar, translate_hypotheses
 from transformer.runtime import choose_device, decode_batch_size
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class Translator:
         self.languages = languages  # (source, target)
         self.source = source  # the checkpoint file, or the export directory
         self._trained, self._ct2 = trained, ct2
+        self._decoding: torch.nn.Module | None = None  # the model the searches run (eval.precision), made once
         self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
         self._warned_gnmt = self._warned_nbest = False
         self._random = generator(eval_cfg, device) if trained is not None else None  # sampling: the calls' draws
@@ -199,7 +200,9 @@ class Translator:
             raise ConfigError(f"n_best: {n_best} translations need beam_size >= {n_best}, got {beam_size}")
         cfg = replace(self.eval, beam_size=beam_size, n_best=n_best)
         if self._trained is not None:
-            found = translate_hypotheses(self._trained.model, sentences, self.src_tok, self.tgt_tok, cfg,
+            if self._decoding is None:
+                self._decoding = decoding_model(self._trained.model, cfg.precision, self.device)
+            found = translate_hypotheses(self._decoding, sentences, self.src_tok, self.tgt_tok, cfg,
                                          self.device, self.max_positions, progress, self._random)
             return [[self._translation(h.tokens, h.score) for h in nbest] for nbest in found]
         return self._translate_ct2(sentences, cfg, progress)

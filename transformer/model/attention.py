@@ -45,7 +45,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.config import AttentionScore
 from transformer.model.embeddings import RelativePositions, RotaryPositions
-from transformer.model.masks import causal_mask
+from transformer.model.masks import KeyMask, causal_mask, key_mask
 
 _CAUSAL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 _MASKED_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -58,38 +58,25 @@ def _backends(device: torch.device, is_causal: bool) -> contextlib.AbstractConte
     return sdpa_kernel(_CAUSAL_BACKENDS if is_causal else _MASKED_BACKENDS)
 
 
-def _guard_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Give query rows with no allowed key every key, and return which rows had any.
-
-    A row with no allowed key would be softmax over all ``-inf`` (NaN in value and gradient). The
-    dummy keys make the softmax finite; the caller multiplies the row's output by ``has_key`` (0) so
-    the row ends up exactly zero, with zero gradient.
-
-    Returns:
-        (safe_mask, has_key): same shape as ``mask``, and ``mask.any(-1, keepdim=True)``.
-    """
-    has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len, 1)
-    return mask | ~has_key, has_key
-
-
-def softmax_attention(scores: Tensor, value: Tensor, mask: Tensor | None = None,
+def softmax_attention(scores: Tensor, value: Tensor, mask: Tensor | KeyMask | None = None,
                       dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
     """The explicit path of every score function: softmax over the allowed keys, dropout, weighted values.
 
     Args:
         scores: (batch, heads, q_len, k_len), already scaled.
         value: (batch, heads, k_len, d_v).
-        mask: bool, True = may attend, broadcastable to ``scores``; None = all. Rows with no allowed key give
-            all-zero weights and a zero output (never NaN).
+        mask: bool, True = may attend, broadcastable to ``scores`` (or that mask as a
+            :class:`~transformer.model.masks.KeyMask`); None = all. Rows with no allowed key give all-zero weights
+            and a zero output (never NaN).
         dropout_p: dropout on the weights (pass 0 at evaluation).
 
     Returns:
         output (batch, heads, q_len, d_v) and the weights before dropout (batch, heads, q_len, k_len).
     """
     has_key = None
-    if mask is not None:
-        mask, has_key = _guard_empty_rows(mask)
-        scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:  # rows with no key get every key here, and zeros below
+        ready = key_mask(mask)
+        scores, has_key = scores.masked_fill(~ready.safe, float("-inf")), ready.has_key
     weights = torch.softmax(scores, dim=-1)
     if has_key is not None:
         weights = weights * has_key  # empty rows -> all-zero weights
@@ -97,7 +84,7 @@ def softmax_attention(scores: Tensor, value: Tensor, mask: Tensor | None = None,
     return attended @ value, weights  # (batch, heads, q_len, d_v), (batch, heads, q_len, k_len)
 
 
-def _check_causal(query: Tensor, key: Tensor, mask: Tensor | None) -> None:
+def _check_causal(query: Tensor, key: Tensor, mask: Tensor | KeyMask | None) -> None:
     """``is_causal`` needs no mask and as many queries as keys."""
     if mask is not None or query.size(-2) != key.size(-2):
         raise ValueError(f"is_causal needs no mask and q_len == k_len, got mask={mask is not None}, "
@@ -108,7 +95,7 @@ def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    mask: Tensor | None = None,
+    mask: Tensor | KeyMask | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
     is_causal: bool = False,
@@ -126,7 +113,8 @@ def scaled_dot_product_attention(
         query: (batch, heads, q_len, d_head).
         key: (batch, heads, k_len, d_head).
         value: (batch, heads, k_len, d_v).
-        mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len); None = all.
+        mask: bool, True = may attend, broadcastable to (batch, heads, q_len, k_len), or that mask as a
+            :class:`~transformer.model.masks.KeyMask`; None = all.
         dropout_p: dropout on the attention weights (pass 0 at evaluation).
         need_weights: also return the weights (before dropout).
         is_causal: query i may attend to keys 0..i (needs q_len == k_len and no ``mask``); lets the fused
@@ -146,8 +134,9 @@ def scaled_dot_product_attention(
         scores = query @ key.transpose(-2, -1) * scale  # (batch, heads, q_len, k_len)
         return softmax_attention(scores if bias is None else scores + bias, value, mask, dropout_p)
     has_key = None
-    if mask is not None:
-        mask, has_key = _guard_empty_rows(mask)
+    if mask is not None:  # rows with no key get every key here, and zeros after the kernel
+        ready = key_mask(mask)
+        mask, has_key = ready.safe, ready.has_key
     if bias is not None:  # a float mask is added to the scores; the fused kernels want it in the query's dtype
         bias = bias.to(query.dtype)
         mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
@@ -309,8 +298,9 @@ class MultiHeadAttention(nn.Module):
             v = self._project(value, slice(2 * inner, 3 * inner))
         return KVCache(self._split_heads(k), self._split_heads(v), static=static)
 
-    def forward(self, query: Tensor, key: Tensor | None, value: Tensor | None, mask: Tensor | None = None,
-                need_weights: bool = False, cache: KVCache | SlotCache | None = None,
+    def forward(self, query: Tensor, key: Tensor | None, value: Tensor | None,
+                mask: Tensor | KeyMask | None = None, need_weights: bool = False,
+                cache: KVCache | SlotCache | None = None,
                 is_causal: bool = False) -> AttentionOutput:
         """Attend from ``query`` to ``key``/``value`` (self-attention when all three are the same tensor).
 
@@ -318,7 +308,8 @@ class MultiHeadAttention(nn.Module):
             query: (batch, q_len, d_model).
             key: (batch, k_len, d_model); ignored (may be None) when ``cache`` is static.
             value: (batch, k_len, d_model), like ``key``.
-            mask: bool, True = may attend, broadcastable to (batch, heads, q_len, total_k_len).
+            mask: bool, True = may attend, broadcastable to (batch, heads, q_len, total_k_len), or a
+                :class:`~transformer.model.masks.KeyMask` of it.
             need_weights: return the attention weights (explicit path) instead of the fused kernel.
             cache: a growing self-attention cache (the new K/V are appended and the longer cache is
                 returned), a :class:`SlotCache` (the new K/V are written into its slot ``position``, in place,
@@ -361,8 +352,8 @@ class MultiHeadAttention(nn.Module):
         returned = cache if isinstance(cache, SlotCache) else kv if cache is not None else None
         return AttentionOutput(self.out_proj(context), weights, returned)
 
-    def _attend(self, q: Tensor, kv: KVCache, mask: Tensor | None, dropout_p: float, need_weights: bool,
-                is_causal: bool, offset: int | Tensor) -> tuple[Tensor, Tensor | None]:
+    def _attend(self, q: Tensor, kv: KVCache, mask: Tensor | KeyMask | None, dropout_p: float,
+                need_weights: bool, is_causal: bool, offset: int | Tensor) -> tuple[Tensor, Tensor | None]:
         """Score ``q`` (batch, heads, q_len, d_head), at positions ``offset …``, against the whole ``kv``.
 
         Returns:

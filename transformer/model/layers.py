@@ -16,6 +16,7 @@ from transformer.config import Activation, AttentionScore, NormPosition
 from transformer.model.attention import KVCache, MultiHeadAttention, SlotCache
 from transformer.model.dropout import Dropout
 from transformer.model.embeddings import RelativePositions, RotaryPositions
+from transformer.model.masks import KeyMask
 
 
 class FeedForward(nn.Module):
@@ -105,8 +106,9 @@ class EncoderLayer(nn.Module):
         self.attn_block = Residual(s.d_model, s.dropout, s.norm)
         self.ff_block = Residual(s.d_model, s.dropout, s.norm)
 
-    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Args: x (batch, src_len, d_model); mask (batch, 1, 1, src_len) bool, True = real token.
+    def forward(self, x: Tensor, mask: Tensor | KeyMask | None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Args: x (batch, src_len, d_model); mask (batch, 1, 1, src_len) bool, True = real token (or its KeyMask).
 
         Returns:
             (batch, src_len, d_model) and the self-attention weights (batch, heads, src_len, src_len) or None.
@@ -141,7 +143,8 @@ class DecoderLayer(nn.Module):
         self.cross_block = Residual(s.d_model, s.dropout, s.norm)
         self.ff_block = Residual(s.d_model, s.dropout, s.norm)
 
-    def forward(self, x: Tensor, memory: Tensor | None, self_mask: Tensor | None, cross_mask: Tensor | None,
+    def forward(self, x: Tensor, memory: Tensor | None, self_mask: Tensor | KeyMask | None,
+                cross_mask: Tensor | KeyMask | None,
                 self_cache: KVCache | SlotCache | None = None, cross_cache: KVCache | None = None,
                 need_weights: bool = False, causal: bool = False) -> DecoderLayerOutput:
         """One decoder layer.

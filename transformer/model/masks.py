@@ -5,9 +5,15 @@ a tensor that broadcasts to ``(batch, heads, q_len, k_len)``; the shape each one
 docstring. Masks are turned into ``-inf`` scores only inside :mod:`transformer.model.attention`.
 
 Shape legend: batch, heads, src_len (source keys), tgt_len (target queries/keys), q_len, k_len.
+
+A query row that may attend to no key (a source of padding only) would make the softmax NaN; attention gives such
+a row every key and zeroes its output afterwards. :class:`KeyMask` holds a mask with that guard worked out, so that
+a stack of layers applying one mask prepares it once rather than once a layer.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -77,3 +83,29 @@ def cached_decoder_self_mask(q_len: int, key_valid: Tensor) -> Tensor:
     k_len = key_valid.size(1)
     return causal_mask(q_len, k_len, device=key_valid.device) & key_valid[:, None, None, :]
 
+
+
+@dataclass(frozen=True)
+class KeyMask:
+    """A bool mask (True = may attend) readied for attention: :func:`key_mask` makes one.
+
+    Every attention function that takes a mask also takes this; the encoder and the decoder make one per mask and
+    pass it to every layer (on a GPU, three kernels a layer fewer).
+    """
+
+    allowed: Tensor  # the mask itself
+    safe: Tensor  # ``allowed``, with every key allowed in the rows that allow none: the softmax stays finite
+    has_key: Tensor | None  # (..., q_len, 1) bool: the rows that allow some key; None: every row does
+
+    @classmethod
+    def with_a_key_in_every_row(cls, mask: Tensor) -> KeyMask:
+        """A mask known to allow some key in every query row (a caller's promise: nothing is checked)."""
+        return cls(mask, mask, None)
+
+
+def key_mask(mask: Tensor | KeyMask) -> KeyMask:
+    """``mask`` readied for attention (a :class:`KeyMask` is returned as it is)."""
+    if isinstance(mask, KeyMask):
+        return mask
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len, 1)
+    return KeyMask(mask, mask | ~has_key, has_key)

@@ -67,8 +67,9 @@ def test_load_errors_name_the_file(tmp_path):
     save_checkpoint(_state(1.0), good)
     torn = tmp_path / "torn.pt"
     torn.write_bytes(good.read_bytes()[:200])
-    with pytest.raises(CheckpointError, match="torn.pt.*truncated"):
+    with pytest.raises(CheckpointError, match="torn.pt.*truncated") as refused:
         load_checkpoint(torn)
+    assert str(refused.value).endswith("its end is missing (the file was cut short while being written or copied)")
     run = tmp_path / "run" / "checkpoints"  # a torn last.pt names the checkpoint to resume from instead
     run.mkdir(parents=True)
     save_checkpoint(_state(1.0), run / "step_20.pt")

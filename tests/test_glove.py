@@ -157,6 +157,15 @@ def test_a_first_line_without_numbers_is_named_as_such(tmp_path: Path, first_lin
             read(path)
 
 
+def test_tabs_after_a_word2vec_header_are_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "w2v.txt"
+    path.write_text("2 3\nthe\t0.1\t0.2\t0.3\ndog 4 5 6\n", encoding="utf-8")
+    with pytest.raises(GloveError, match=re.escape(
+            f"{path}:2: expected a word and 3 numbers, found 0 values (tabs separate its fields: GloVe's format "
+            "separates them by single spaces); the header (line 1) announces 3-dimensional vectors")):
+        vector_dim(path)
+
+
 def test_a_zip_with_two_members_of_the_dimension_asked_for_asks_which(tmp_path: Path) -> None:
     path = tmp_path / "two.zip"
     with zipfile.ZipFile(path, "w") as archive:

@@ -243,6 +243,8 @@ def _load_failure(path: Path, exc: Exception) -> str:
         return f"not a file torch.save writes: it begins {start!r}" if start.isprintable() else \
             f"not a file torch.save writes: it begins with the bytes {head[:8].hex(' ')}"
     text = str(exc)
+    if "central directory" in text:  # torch.save's zip archive ends in its directory, which a cut file lacks
+        return "its end is missing (the file was cut short while being written or copied)"
     reason = re.search(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n\n|$)", text, flags=re.S)
     if reason is not None:
         return f"holds what a weights-only load refuses ({reason[1].splitlines()[0]})"

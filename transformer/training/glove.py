@@ -165,15 +165,19 @@ def vector_dim(path: str | Path, expected_dim: int | None = None) -> int:
             try:
                 _parse_values(name, 2, second.rstrip().split(" "), header)
             except GloveError as error:
-                raise GloveError(f"{error}; the header (line 1) announces {header}-dimensional vectors") from None
+                tabs = _TABS if "\t" in second else ""
+                raise GloveError(f"{error}{tabs}; the header (line 1) announces {header}-dimensional vectors") from None
         if _line_dim(first) < 1:
             raise _no_numbers(name, 1, first)
         return _line_dim(first)
 
 
+_TABS = " (tabs separate its fields: GloVe's format separates them by single spaces)"
+
+
 def _no_numbers(name: str, line_no: int, line: str) -> GloveError:
     """The error of a vector line without numbers after its word: a word alone, or fields not separated by spaces."""
-    tabs = " (tabs separate its fields: GloVe's format separates them by single spaces)" if "\t" in line else ""
+    tabs = _TABS if "\t" in line else ""
     return GloveError(f"{name}:{line_no}: expected a word and numbers separated by spaces, found "
                       f"{len(line.split())} field(s){tabs}")
 

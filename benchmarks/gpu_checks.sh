@@ -6,11 +6,11 @@
 #                                  # seconds (480): the fixed-shape searches' gpu tests, operators a step and where
 #                                  # the step's GPU time goes (float32; and bfloat16); the default model's test set
 #                                  # decoded greedy and beam 5, cache on and off, ordinary and in fixed shapes, in
-#                                  # float32 and bfloat16 (TARGETS_CHECKPOINT, else the default job trained here for
-#                                  # two minutes), and by CTranslate2 in float16 (the anchor; its wheel in
-#                                  # .whl/ctranslate2); base's MFU at 16,384 positions (profiled) and 32,768. Each
-#                                  # part gets what time is left; the logs come back as one targets.tgz (OpenNMT-py
-#                                  # beside this project, met at 0.9.13: the peers mode)
+#                                  # float32 and bfloat16 (512 and 1,000 sentences a batch) (TARGETS_CHECKPOINT, else
+#                                  # the default job trained here for two minutes), and by CTranslate2 in float16
+#                                  # (the anchor; its wheel in .whl/ctranslate2); base's MFU at 16,384 positions
+#                                  # (profiled) and 32,768. Each part gets what time is left; the logs come back as
+#                                  # one targets.tgz (OpenNMT-py beside this project, met at 0.9.13: the peers mode)
 #   benchmarks/gpu_checks.sh short # what one ten-minute command can hold, for 15 minutes of GPU time in all: the gpu
 #                                  # tests, the default job with CUDA graphs (limited to 3.5 minutes: annealed if cut),
 #                                  # then eager against graphs for the default model and decoding its checkpoint
@@ -131,9 +131,11 @@ targets)
     within 100 decoding python scripts/benchmark.py "checkpoint=$checkpoint" train_steps=5 eval.beam_size=5 \
         "hydra.run.dir=$out/decoding"
     sed -n '/^| decoding/,$p' "$out/decoding/benchmark.md" 2>/dev/null
-    within 100 decoding_bf16 python scripts/benchmark.py "checkpoint=$checkpoint" train_steps=5 eval.beam_size=5 \
-        eval.precision=bf16 "hydra.run.dir=$out/decoding_bf16"
-    sed -n '/^| decoding/,$p' "$out/decoding_bf16/benchmark.md" 2>/dev/null
+    for batch in 512 1000; do  # bfloat16; and the whole test set in one batch
+        within 100 "decoding_bf16_$batch" python scripts/benchmark.py "checkpoint=$checkpoint" train_steps=5 \
+            eval.beam_size=5 eval.precision=bf16 "eval.batch_size=$batch" "hydra.run.dir=$out/decoding_bf16_$batch"
+        sed -n '/^| decoding/,$p' "$out/decoding_bf16_$batch/benchmark.md" 2>/dev/null
+    done
     if ((deadline - SECONDS > 30)) && ctranslate2_on_cuda; then  # the anchor: float16 export, by CTranslate2
         within 90 anchor env LD_LIBRARY_PATH="$cublas12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
             PYTHONPATH="/tmp/gpu_targets/ct2${PYTHONPATH:+:$PYTHONPATH}" \

@@ -128,7 +128,8 @@ def print_profile(name: str, run: Callable[[int], object], device: torch.device)
             torch.cuda.synchronize(device)
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     total = sum(getattr(event, key) for event in prof.key_averages())
-    print(f"\n{name}, {LONG} steps: {total / LONG / 1000:.3f} ms a step of {key.replace('_', ' ')}")
+    print(f"\n{name}, a whole search of {LONG} steps (encoder, set-up and read-back included): "
+          f"{total / LONG / 1000:.3f} ms of {key.replace('_', ' ')} per step")
     print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
 
 

@@ -44,7 +44,7 @@ from transformer.data.batching import TokenBucketSampler
 from transformer.data.prefetch import prefetched
 from transformer.data.splits import load_split
 from transformer.inference.loading import TrainedModel, load_trained
-from transformer.inference.translation import translate
+from transformer.inference.translation import decoding_model, translate
 from transformer.model.transformer import build_model
 from transformer.runtime import choose_device, configure_threads, resolve_training, seed_everything
 from transformer.tracking import Tracker
@@ -265,6 +265,7 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     src, _ = load_split(data, data.test_split)
     src = src[: cfg.decode_sentences] if cfg.decode_sentences is not None else src
     rows, profiles = [], []
+    model = decoding_model(model, cfg.eval.precision, device)  # once: the bfloat16 copy is not timed
     ordinary: dict[int, list[str]] = {}  # each width's lines from the ordinary cached search, which comes first
     widths = sorted({1, cfg.eval.beam_size})
     settings = [(width, use_cache, False) for width in widths for use_cache in (True, False)]

@@ -13,7 +13,8 @@ read back waits for the device. Here every step has the same shapes and stays on
   where its last token lies, and its tokens are followed back once at the end, not copied every step; on a GPU one
   gather reorders every layer's keys and values;
 - the host reads one flag, "is every sentence done", every ``check_every`` steps, and everything else once at
-  the end. Every 2 steps by default: a look leaves the GPU idle for tens of microseconds, while a batch runs on
+  the end. Every 2 steps by default: a look should leave the GPU idle for tens of microseconds (not measured
+  yet), while a batch runs on
   past its end by ``(check_every - 1) / 2`` steps of a millisecond or more on average (looking every 8 steps, a
   batch of 40 steps would run 9 % longer than it needs);
 - on CUDA the step is captured as a CUDA graph once per batch (after a first step run eagerly, which warms the

@@ -91,10 +91,10 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     todo = sorted((i for i, seq in enumerate(ids) if seq), key=lambda i: len(ids[i]), reverse=True)
     was_training = model.training
     model.eval()
-    searcher = decoding_model(model, cfg.precision, device)
     bar = progress_bar(len(todo), progress)
     sampler = Sampler.from_config(cfg, device, random)
     try:
+        searcher = decoding_model(model, cfg.precision, device)
         with torch.inference_mode():
             batch_size = max(1, decode_batch_size(cfg, device) // (cfg.n_best if sampler else 1))  # rows, not lines
             for start in range(0, len(todo), batch_size):
@@ -114,9 +114,10 @@ def decoding_model(model: nn.Module, precision: Precision, device: torch.device 
     bfloat16 already), else a bfloat16 copy of it, for bf16 or for auto on a GPU that has bfloat16. The searches
     turn the logits to float32 before their log-softmax, so scores add up in float32 either way."""
     gpu = torch.device(device).type == "cuda"
-    if precision is Precision.bf16 and gpu and not torch.cuda.is_bf16_supported():
+    native = gpu and torch.cuda.get_device_properties(torch.device(device)).major >= 8  # bfloat16 from Ampere on
+    if precision is Precision.bf16 and gpu and not native:
         raise ConfigError("eval.precision: bf16, but this GPU does not support bfloat16; use fp32 or auto")
-    bf16 = precision is Precision.bf16 or (precision is Precision.auto and gpu and torch.cuda.is_bf16_supported())
+    bf16 = precision is Precision.bf16 or (precision is Precision.auto and native)
     if not bf16 or next(model.parameters()).dtype == torch.bfloat16:
         return model
     return copy.deepcopy(model).to(torch.bfloat16)

@@ -152,8 +152,8 @@ class DecoderLayer(nn.Module):
         Args:
             x: (batch, tgt_len, d_model) target states (only the new positions when caching).
             memory: (batch, src_len, d_model) encoder output; may be None when ``cross_cache`` is given.
-            self_mask: bool, broadcastable to (batch, heads, tgt_len, total_tgt_len).
-            cross_mask: bool, broadcastable to (batch, heads, tgt_len, src_len).
+            self_mask: bool, broadcastable to (batch, heads, tgt_len, total_tgt_len), or its ``KeyMask``.
+            cross_mask: bool, broadcastable to (batch, heads, tgt_len, src_len), or its ``KeyMask``.
             self_cache: growing K/V of earlier target positions, or their preallocated slots (None: no caching).
             cross_cache: static K/V of the memory from ``cross_attn.project_key_value``.
             need_weights: return both attention weight tensors.

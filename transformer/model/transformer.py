@@ -88,8 +88,8 @@ class SlotDecoderCache:
     def reorder_(self, rows: Tensor) -> None:
         """Give row ``i`` the self-attention K/V of row ``rows[i]``, in place (beam search's reordering; the
         cross-attention K/V are the same for every row of a sentence and stay). On a GPU every layer in one gather
-        (two kernels); elsewhere one layer's K or V at a time, which stays in the processor's cache (5× faster on
-        a CPU than the whole block at once)."""
+        (two kernels); elsewhere one layer's K or V at a time, which stays in the processor's cache (the reorder
+        alone 5× faster on a 2-core CPU than the whole block at once; a whole beam step 2.3×)."""
         if self.slots_kv.device.type == "cuda":
             self.slots_kv.copy_(self.slots_kv.index_select(2, rows))
             return

@@ -3,7 +3,7 @@
 # $OUT (else gpu_checks/).
 #
 #   benchmarks/gpu_checks.sh targets  # every figure the GPU targets still lack, in one command of TARGETS_LIMIT
-#                                  # seconds (560): the fixed-shape searches' gpu tests, operators a step and where
+#                                  # seconds (560): the suite's gpu tests, operators a decoding step and where
 #                                  # the step's GPU time goes (float32; and bfloat16); the default model's test set
 #                                  # decoded greedy and beam 5, cache on and off, ordinary and in fixed shapes, in
 #                                  # float32 and bfloat16 (512 and 1,000 sentences a batch) (TARGETS_CHECKPOINT, else
@@ -37,8 +37,9 @@
 #   benchmarks/gpu_checks.sh peers    # OpenNMT-py 3.5.1 and this project trained on the same data, model and batch,
 #                                  # small then base, 600 steps each, target tokens/s over steps 301-600 and the
 #                                  # ratio (benchmarks/peer_opennmt.py; its wheels in .whl/, as its docstring says)
-#   benchmarks/gpu_checks.sh mfu      # where base's step goes at 16,384 positions (CUDA graphs, profiled), its MFU at
-#                                  # 32,768, and compiled instead of replayed (fused elementwise work, eager launches)
+#   benchmarks/gpu_checks.sh mfu      # base at 16,384 positions with its compiled step replayed from the graphs (fused
+#                                  # elementwise work; profiled), that path's gpu test, then base replayed as
+#                                  # targets runs it (profiled) for the ratio
 #   benchmarks/gpu_checks.sh quality [DATA]   # experiment=multi30k_gpu (DATA: multi30k_en_de, or multi30k_de_en),
 #                                          # timed whole; its training stops after 8.5 minutes (a command: 10)
 #   benchmarks/gpu_checks.sh ensemble [DATA]  # four seeds of the default trained at once, scored as one ensemble
@@ -119,7 +120,8 @@ targets)
     mkdir -p "$out"
     trap 'tar czf "$logs/targets.tgz" -C /tmp/gpu_targets logs' EXIT
     echo "libcublas.so.12 (CTranslate2 4.x's CUDA build needs it): $(ldconfig -p | grep -c 'libcublas\.so\.12 ') found"
-    within 60 fixed_tests python -m pytest -q -m gpu tests/test_fixed_shape.py
+    within 150 gpu_tests python -m pytest -q -m gpu tests/test_fixed_shape.py tests/test_gpu.py \
+        -k 'not compiled_step'  # compiling takes minutes: the mfu mode's
     within 40 decode_step python benchmarks/decode_step.py --device cuda --d-model 128 --rows 512 --profile
     within 40 decode_step_bf16 python benchmarks/decode_step.py --device cuda --d-model 128 --rows 512 --bf16
     checkpoint="${TARGETS_CHECKPOINT:-}"
@@ -154,7 +156,7 @@ targets)
     ;;
 short)
     runs=/tmp/gpu_short  # the runs' folders, packed without checkpoints into $out/short_runs.tgz at the end
-    step gpu_tests timeout 120 python -m pytest -q -m gpu tests/test_gpu.py
+    step gpu_tests timeout 180 python -m pytest -q -m gpu tests/test_gpu.py tests/test_fixed_shape.py
     graphs=true  # unless the test comparing replayed graphs with the eager step failed or did not run
     if ! grep -q " passed" "$out/gpu_tests.log" || grep -q "FAILED.*test_recorded_graphs" "$out/gpu_tests.log"; then
         graphs=false
@@ -216,7 +218,7 @@ best)
     tar czf "$out/best_runs.tgz" --exclude='*.pt' --exclude='*.gz' -C outputs "gpu_best_$data"
     ;;
 tests)
-    step gpu_tests python -m pytest -q -m gpu tests/test_gpu.py
+    step gpu_tests python -m pytest -q -m gpu tests/test_gpu.py tests/test_fixed_shape.py
     step suite python -m pytest -q -x
     ;;
 speed)
@@ -261,13 +263,13 @@ fixed)
         train_steps=5 eval.beam_size=5 eval.batch_size=512 "hydra.run.dir=$runs/fixed_512"
     ;;
 mfu)
-    step base_16k timeout 150 python scripts/benchmark.py model=base training.max_tokens=16384 train_steps=100 \
+    # within ten minutes: the compiled step first (what targets lacks), its gpu test, then base as targets runs it
+    step base_16k_compiled timeout 300 python scripts/benchmark.py model=base training.max_tokens=16384 \
+        training.cuda_graphs=true training.compile=true train_steps=100 untimed_steps=10 decode_sentences=10 \
+        profile_steps=10 "hydra.run.dir=$out/base_16k_compiled"
+    step compiled_step_test timeout 150 python -m pytest -q -m gpu tests/test_gpu.py -k compiled_step
+    step base_16k timeout 120 python scripts/benchmark.py model=base training.max_tokens=16384 train_steps=100 \
         untimed_steps=10 decode_sentences=10 profile_steps=10 "hydra.run.dir=$out/base_16k"
-    step base_32k timeout 150 python scripts/benchmark.py model=base training.max_tokens=32768 train_steps=60 \
-        untimed_steps=10 decode_sentences=10 "hydra.run.dir=$out/base_32k"
-    step base_16k_compiled timeout 240 python scripts/benchmark.py model=base training.max_tokens=16384 \
-        training.cuda_graphs=false training.compile=true train_steps=100 untimed_steps=30 decode_sentences=10 \
-        "hydra.run.dir=$out/base_16k_compiled"
     grep -h "model FLOP utilisation\|target tokens/s\|milliseconds per step" "$out"/base_*/benchmark.md
     ;;
 peers)

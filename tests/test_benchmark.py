@@ -59,6 +59,7 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
         "decode_sentences=5", "training.max_tokens=256", "matmul_size=64", "eval.max_len_b=5", "profile_steps=2",
         f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}",
         "device=cpu",  # a GPU replays its steps from CUDA graphs: their profile counts the replays' few operators
+        "eval.precision=auto",  # float32 on a CPU, and recorded so
     ])
     result = benchmark.run(OmegaConf.to_object(cfg))
     saved = json.loads((tmp_path / "benchmark.json").read_text())
@@ -74,6 +75,7 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
     assert [same[key] for key in same if same[key] is not None] == [5, 5, 5, 5]
     table = (tmp_path / "benchmark.md").read_text()
     assert "model FLOP utilisation" in table and "| beam 5 | no |" in table and "| 5 of 5 |" in table
+    assert saved["decoding_precision"] == "fp32" and "| decoding (fp32) |" in table
     assert "data sheet" not in table and "datasheet_flops" not in saved  # a CPU has no data-sheet peak here
     profile = (tmp_path / "profile.txt").read_text()
     per_step = int(re.search(r"2 profiled steps: [\d.]+ ms per step .*?, (\d+) aten operator calls per step", profile)[1])

@@ -3,6 +3,7 @@ uncached, one model twice = that model), and loading one from checkpoints with i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,16 @@ def test_load_model_builds_an_ensemble_from_run_dirs_and_files(tmp_path: Path) -
     assert not torch.equal(alone[0][key], alone[1][key]) and not torch.equal(alone[1][key], alone[2][key])
 
 
+def test_a_member_given_twice_is_loaded_with_a_warning(tmp_path: Path, caplog) -> None:
+    first, second = _save_run(tmp_path / "r1", 0), _save_run(tmp_path / "r2", 1)
+    trained = load_model(first, None, [second, RunDir(second).final], torch.device("cpu"))  # a folder, then its file
+    assert len(trained.model.members) == 3
+    assert re.search(r"ensemble\[1\]: .*r2.*final\.pt is .*r2.*final\.pt again", caplog.text)
+    caplog.clear()
+    load_model(first, None, [second], torch.device("cpu"))
+    assert "again" not in caplog.text
+
+
 @pytest.mark.parametrize("change, differs", [(dict(words="a b d"), "tokenizers"),
                                              (dict(src="de", tgt="en"), "language pair")])
 def test_load_model_refuses_members_with_other_tokenizers_or_direction(tmp_path: Path, change: dict, differs) -> None:
@@ -122,9 +133,9 @@ def test_load_model_refuses_members_with_other_tokenizers_or_direction(tmp_path:
 
 
 def test_a_missing_member_or_attention_maps_are_config_errors(tmp_path: Path) -> None:
-    first = _save_run(tmp_path / "r1", 0)
+    first, second = _save_run(tmp_path / "r1", 0), _save_run(tmp_path / "r2", 1)
     with pytest.raises(ConfigError, match=r"ensemble\[1\]: .*nowhere does not exist"):
-        load_model(first, None, [first, tmp_path / "nowhere"], torch.device("cpu"))
+        load_model(first, None, [second, tmp_path / "nowhere"], torch.device("cpu"))
     with pytest.raises(ConfigError, match="attention: attention maps are drawn for one model"):
         EvaluateConfig(run_dir=str(first), ensemble=[str(first)], attention=AttentionDumpConfig(indices=[0]))
 

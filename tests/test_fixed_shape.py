@@ -23,8 +23,10 @@ from transformer.config import (
     Precision,
 )
 from transformer.data.tokenizer import EOS_ID, PAD_ID
+from transformer.inference.ensemble import Ensemble
 from transformer.inference.fixed_shape import _cannot_win, fixed_shape_beam, fixed_shape_greedy
 from transformer.inference.search import beam_search, greedy_hypotheses, greedy_search, max_lengths
+from transformer.inference.translation import searches_in_fixed_shapes
 from transformer.model.transformer import build_model
 
 from toy_training import reversal_batch
@@ -235,6 +237,17 @@ def test_check_every_must_be_positive_and_the_slots_fit_the_positions() -> None:
     assert len(fixed_shape_greedy(tiny_model(), varied_sources(), max_tgt_len=64, **{**REAL, "max_len_b": 56})) == 6
 
 
+def test_fixed_shapes_are_the_default_on_a_gpu_only_where_they_can_run() -> None:
+    model = tiny_model()
+    default = EvalConfig()
+    assert searches_in_fixed_shapes(default, model, "cuda") and searches_in_fixed_shapes(default, model, "cuda:1")
+    assert not searches_in_fixed_shapes(default, model, "cpu")  # carrying finished rows costs a CPU time
+    assert not searches_in_fixed_shapes(default, Ensemble([model, model]), "cuda")  # one model only
+    assert not searches_in_fixed_shapes(EvalConfig(use_cache=False), model, "cuda")  # the slots are the cache
+    assert searches_in_fixed_shapes(EvalConfig(fixed_shape=True), model, "cpu")  # asked for: as asked
+    assert not searches_in_fixed_shapes(EvalConfig(fixed_shape=False), model, "cuda")
+
+
 def test_eval_fixed_shape_without_the_cache_is_refused_by_key() -> None:
     with pytest.raises(ConfigError, match="eval.fixed_shape: runs on the decoder's cache: set eval.use_cache=true"):
         EvalConfig(fixed_shape=True, use_cache=False)
@@ -253,6 +266,21 @@ def test_the_cuda_graphs_replay_the_fixed_shape_searches_on_a_gpu() -> None:
                                    **REAL)
         assert_same_hypotheses(fixed, ordinary, tolerance=1e-4)
         assert_same_nbest(fixed_shape_beam(model, src, cuda_graph=cuda_graph, **beams), ordinary_beams, tolerance=1e-4)
+
+
+@pytest.mark.parametrize("at_once", [False, True])  # one layer at a time (a CPU's way), the whole block (a GPU's)
+def test_a_reorder_gives_each_row_the_keys_and_values_of_its_parent(at_once: bool) -> None:
+    model, src = tiny_model(), varied_sources()
+    cache = model.init_slot_cache(model.encode(src), max_len=6)
+    torch.manual_seed(0)
+    cache.slots_kv.copy_(torch.randn_like(cache.slots_kv))
+    before = cache.slots_kv.clone()
+    rows = torch.randint(src.size(0), (src.size(0),))
+    cache.reorder_(rows, at_once=at_once)
+    for i, parent in enumerate(rows.tolist()):  # (layers, 2, batch, heads, max_len, d_head)
+        assert torch.equal(cache.slots_kv[:, :, i], before[:, :, parent])
+    for n, layer in enumerate(cache.self_attn):  # in place: each layer's views see the reordered block
+        assert torch.equal(layer.key, cache.slots_kv[n, 0]) and torch.equal(layer.value, cache.slots_kv[n, 1])
 
 
 def test_the_stopping_rule_by_hand() -> None:

@@ -1,6 +1,6 @@
 """Checks that need CUDA (marked ``gpu``; skipped without it): bf16 against fp32, cached decoding, the
-attention kernels a training step on variable-length batches runs, CUDA graphs, and a run of the pipeline on the
-GPU's defaults, resumed."""
+attention kernels a training step on variable-length batches runs, CUDA graphs (of the compiled step too), and a
+run of the pipeline on the GPU's defaults, resumed."""
 
 from __future__ import annotations
 
@@ -129,9 +129,20 @@ def test_every_attention_and_position_option_on_cuda(name):
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-4)
 
 
-def _graph_run(record: bool, batches: list, dropout: float) -> tuple[TrainStep, list[torch.Tensor]]:
+def _graph_batches() -> list:
+    """Five pinned batches of copy pairs filled to 240 positions, in three shapes (lengths 2..6)."""
+    pairs = copy_pairs(40, seed=6)
+    data = TranslationDataset.from_sequences([s for s, _ in pairs], [t for _, t in pairs])
+    by_length = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))
+    groups = [by_length[:6], by_length[15:20], by_length[:6], by_length[30:], by_length[15:20]]
+    return [collate_arrays(data, g, pad_id=PAD, bos_id=BOS, eos_id=EOS, fill_to_tokens=240).pin_memory()
+            for g in groups]
+
+
+def _graph_run(record: bool, batches: list, dropout: float, compile: bool = False
+               ) -> tuple[TrainStep, list[torch.Tensor]]:
     model = graph_model(seed=0, dropout=dropout).cuda()
-    cfg = training_config(cuda_graphs=True)
+    cfg = training_config(cuda_graphs=True, compile=compile)
     step = TrainStep(model, build_optimizer(model, cfg), cfg, torch.device("cuda"), _cuda(), record_graphs=record)
     torch.manual_seed(3)
     stats = []
@@ -145,12 +156,7 @@ def test_recorded_graphs_train_as_the_same_step_run_eagerly():
     """One graph per batch shape; replaying them gives the statistics and weights of the same fixed-shape step
     run eagerly (fp32, dropout off: this compares the recording, not the numbering of random draws), and with
     dropout the graphs train without a non-finite step."""
-    pairs = copy_pairs(40, seed=6)
-    data = TranslationDataset.from_sequences([s for s, _ in pairs], [t for _, t in pairs])
-    by_length = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))  # lengths 2..6: three shapes below
-    groups = [by_length[:6], by_length[15:20], by_length[:6], by_length[30:], by_length[15:20]]
-    batches = [collate_arrays(data, g, pad_id=PAD, bos_id=BOS, eos_id=EOS, fill_to_tokens=240).pin_memory()
-               for g in groups]
+    batches = _graph_batches()
     eager, eager_stats = _graph_run(False, batches, dropout=0.0)
     graphed, graphed_stats = _graph_run(True, batches, dropout=0.0)
     assert graphed.graphs is not None and graphed.graphs.n_shapes == len({tuple(b.src.shape) for b in batches})
@@ -164,6 +170,22 @@ def test_recorded_graphs_train_as_the_same_step_run_eagerly():
     _, with_dropout = _graph_run(True, batches * 4, dropout=0.1)
     assert all(s[2].item() == 0.0 and torch.isfinite(s).all() for s in with_dropout)
     assert with_dropout[-1][0] < with_dropout[4][0]  # the same batch, 15 steps later: a lower loss
+
+
+def test_graphs_record_the_compiled_step():
+    """``training.compile`` with ``training.cuda_graphs``: each shape's warm-up compiles, the recording captures
+    the compiled kernels, and replaying them trains as the same compiled step run eagerly; with dropout (drawn by
+    the compiled code) the replays train without a non-finite step."""
+    batches = _graph_batches()
+    torch._dynamo.reset()
+    _, eager_stats = _graph_run(False, batches, dropout=0.0, compile=True)
+    graphed, graphed_stats = _graph_run(True, batches, dropout=0.0, compile=True)
+    assert graphed.graphs is not None and graphed.graphs.n_shapes == 3
+    for a, b in zip(eager_stats, graphed_stats):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    _, with_dropout = _graph_run(True, batches * 4, dropout=0.1, compile=True)
+    assert all(s[2].item() == 0.0 and torch.isfinite(s).all() for s in with_dropout)
+    assert with_dropout[-1][0] < with_dropout[4][0]
 
 
 def test_a_run_on_the_gpus_defaults_replays_graphs_and_resumes(compose_config, toy_corpus, tmp_path, caplog):

@@ -209,6 +209,13 @@ def test_a_long_input_goes_out_window_by_window_and_an_interruption_keeps_the_wi
                                                 rf"{re.escape(str(out))}\.partial$"):
         translate_io.translate_in_windows(lines, _upper_until("e"), str(out))
     assert not out.exists() and Path(f"{out}.partial").read_text(encoding="utf-8") == "A\nB\nC\nD\n"
+    Path(f"{out}.partial.1").write_text("kept\n", encoding="utf-8")
+    with pytest.raises(KeyboardInterrupt, match=rf"lines 1-2 of 5 are in {re.escape(str(out))}\.partial\.2$"):
+        translate_io.translate_in_windows(lines, _upper_until("c"), str(out))  # the earlier ones are left alone
+    assert [Path(f"{out}.partial{n}").read_text(encoding="utf-8") for n in ("", ".1", ".2")] == [
+        "A\nB\nC\nD\n", "kept\n", "A\nB\n"]
+    for n in (".1", ".2"):
+        Path(f"{out}.partial{n}").unlink()
     with pytest.raises(KeyboardInterrupt):  # stdout: the windows done were written as they were done
         translate_io.translate_in_windows(lines, _upper_until("c"), None)
     assert capsys.readouterr().out == "A\nB\n"

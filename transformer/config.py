@@ -224,7 +224,9 @@ class TrainingConfig:
     bpe_dropout: float = 0.0  # > 0: each epoch segments the training pairs anew, dropping BPE merges at this rate
     clip_grad_norm: Optional[float] = 1.0  # gradient norm clipped to this (None: no clipping)
     precision: Precision = Precision.auto  # auto: bf16 on GPUs that have it, fp32 elsewhere
-    compile: bool = False  # torch.compile the model
+    # torch.compile the objective (fused elementwise kernels); with cuda_graphs=true the compiled step is what the
+    # graphs record (compiled during each shape's warm-up)
+    compile: bool = False
     # CUDA only: replay the whole step (forward, backward, clipping, AdamW) from one recorded CUDA graph per batch
     # shape, batches filled to a fixed shape per padded length (transformer/training/cuda_graphs.py); one process, accumulate 1.
     # None: on where it can run (one CUDA process, accumulate 1, not compiled), off elsewhere (runtime.resolve_training)
@@ -284,7 +286,6 @@ class TrainingConfig:
         if self.cuda_graphs:  # the device and the number of processes are checked where they are known
             check(self.accumulate == 1, "training.accumulate",
                   f"training.cuda_graphs records one batch per step: must be 1, got {self.accumulate}")
-            check(not self.compile, "training.compile", "training.cuda_graphs replaces compilation: set one of the two")
 
 
 @dataclass
@@ -299,7 +300,9 @@ class EvalConfig:
     max_len_b: int = 10  # see max_len_a
     batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
     use_cache: bool = True  # the decoder's key/value cache (same output, faster)
-    fixed_shape: bool = False  # search in fixed shapes, no host work a step; on a GPU a CUDA-graph replay a step
+    # Search in fixed shapes, no host work a step; on a GPU a CUDA-graph replay a step. None: on a GPU, for one model's
+    # cached search (the same translations, several times faster there); off elsewhere (slower on a CPU)
+    fixed_shape: Optional[bool] = None
     # The searches' arithmetic. bf16: a bfloat16 copy of the model decodes (on a GPU half the memory traffic; the
     # translations may differ a little from fp32's; slow on most CPUs); auto: bf16 on GPUs that have it, else fp32.
     precision: Precision = Precision.fp32

@@ -77,10 +77,10 @@ def resolve_training(cfg: TrainingConfig, device: torch.device, world_size: int 
     A GPU pads batch lengths to multiples of 8 (tensor-core friendly, few distinct shapes to plan kernels
     for); a CPU pads to nothing, since every padded position costs it time. The step is replayed from CUDA
     graphs wherever that can run: one CUDA process, one batch per step, not compiled (6x the eager step's
-    tokens/s for the default model on an H200, docs/RESULTS.md). Runs record the resolved values, so resuming
-    on another kind of device is refused by key instead of silently changing the batches. ``cuda_graphs`` on
-    another device or under torchrun, and ``precision=bf16`` on a GPU without bfloat16, are refused here, before
-    any work.
+    tokens/s for the default model on an H200, docs/RESULTS.md); ``compile`` and ``cuda_graphs`` both set record
+    the compiled step. Runs record the resolved values, so resuming on another kind of device is refused by key
+    instead of silently changing the batches. ``cuda_graphs`` on another device or under torchrun, and
+    ``precision=bf16`` on a GPU without bfloat16, are refused here, before any work.
     """
     gpu = device.type == "cuda"
     if cfg.cuda_graphs and not gpu:

@@ -44,7 +44,7 @@ from transformer.data.batching import TokenBucketSampler
 from transformer.data.prefetch import prefetched
 from transformer.data.splits import load_split
 from transformer.inference.loading import TrainedModel, load_trained
-from transformer.inference.translation import decoding_model, translate
+from transformer.inference.translation import decodes_in_bf16, decoding_model, translate
 from transformer.model.transformer import build_model
 from transformer.runtime import choose_device, configure_threads, resolve_training, seed_everything
 from transformer.tracking import Tracker
@@ -318,7 +318,8 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
         "torch": torch.__version__,
         "model": to_plain_dict(cfg.model),
         "max_tokens": cfg.training.max_tokens, "training": asdict(speed), "matmul_flops": peak,
-        "mfu": speed.achieved_flops / peak, "decoding": decoding, "decoding_precision": cfg.eval.precision.value,
+        "mfu": speed.achieved_flops / peak, "decoding": decoding,
+        "decoding_precision": "bf16" if decodes_in_bf16(cfg.eval.precision, device) else "fp32",  # auto resolved
         "peak_memory_mb": peak_memory_mb(device),
     }
     sheet = datasheet_flops(result["device_name"]) if device.type == "cuda" else None

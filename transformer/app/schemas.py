@@ -42,7 +42,7 @@ CONFIG_PATH = str(config_root())
 
 
 def _check_one_model(run_dir: Optional[str], checkpoint: Optional[str], export_dir: Optional[str],
-                     ensemble: list[str], fixed_shape: bool) -> None:
+                     ensemble: list[str], fixed_shape: bool | None) -> None:
     """Exactly one model source; an export decodes alone, and so does the fixed-shape search."""
     given = [key for key, value in (("run_dir", run_dir), ("checkpoint", checkpoint), ("export_dir", export_dir))
              if value is not None]

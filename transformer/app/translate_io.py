@@ -6,6 +6,7 @@ each window as it is done, and a run stopped part way keeps the windows done (``
 from __future__ import annotations
 
 import gzip
+import itertools
 import logging
 import os
 import sys
@@ -90,7 +91,8 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
     device or a named pipe alike).
 
     A file is written whole at the end; a Ctrl-C or a failure after some windows keeps their translations in
-    ``OUTPUT.partial`` (its lines are the first lines of the input) and says so."""
+    ``OUTPUT.partial`` (its lines are the first lines of the input; ``OUTPUT.partial.1`` and on when that exists)
+    and says so."""
     if output is not None and files.is_stream(output):
         with open(output, "w", encoding="utf-8") as stream:
             for nbest in _windows(lines, translate_lines):
@@ -112,13 +114,21 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
     except BaseException as error:
         if output is None or not done:
             raise
-        partial = f"{output}.partial"
+        partial = _free_name(f"{output}.partial")
         write_translations(partial, done)
         kept = f"the translations of lines 1-{len(done)} of {len(lines)} are in {partial}"
         if isinstance(error, KeyboardInterrupt):
             raise KeyboardInterrupt(f"interrupted; {kept}") from None
         log.error("translate failed; %s", kept)
         raise
+
+
+def _free_name(path: str) -> str:
+    """``path``, or when that exists (an earlier run's partial output, say) the first free ``path.1``, ``path.2``,
+    ...: nothing kept is overwritten."""
+    if not os.path.lexists(path):
+        return path
+    return next(f"{path}.{n}" for n in itertools.count(1) if not os.path.lexists(f"{path}.{n}"))
 
 
 def _windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]]) -> Iterator[list[list[str]]]:

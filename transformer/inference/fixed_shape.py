@@ -10,13 +10,12 @@ read back waits for the device. Here every step has the same shapes and stays on
 - finished rows stay in the batch and are ignored; tokens, lengths and log-probs are gathered on the device, and
   beam search's finished hypotheses too (each sentence's best ``beam_size`` and their count);
 - beam search writes each step's tokens once, beside the row each continues (:class:`_Trail`): a hypothesis is
-  where its last token lies, and its tokens are followed back once at the end, not copied every step; on a GPU one
-  gather reorders every layer's keys and values;
+  where its last token lies, and its tokens are followed back once at the end, on the host, not copied every step;
+  on a GPU one gather reorders every layer's keys and values;
 - the host reads one flag, "is every sentence done", every ``check_every`` steps, and everything else once at
   the end. Every 2 steps by default: a look should leave the GPU idle for tens of microseconds (not measured
-  yet), while a batch runs on
-  past its end by ``(check_every - 1) / 2`` steps of a millisecond or more on average (looking every 8 steps, a
-  batch of 40 steps would run 9 % longer than it needs);
+  yet), while a batch runs on past its end by ``(check_every - 1) / 2`` steps of a millisecond or more on average
+  (looking every 8 steps, a batch of 40 steps would run 9 % longer than it needs);
 - on CUDA the step is captured as a CUDA graph once per batch (after a first step run eagerly, which warms the
   kernels) and replayed, one launch a step.
 
@@ -31,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -210,15 +210,17 @@ class _Trail:
         self.token.index_copy_(0, generated - 1, token.view(1, -1))
         self.parent.index_copy_(0, generated - 1, parent.view(1, -1))
 
-    def backtrack(self, row: Tensor, length: Tensor, taken: int, pad_id: int) -> Tensor:
+    def backtrack(self, row: Tensor, length: Tensor, taken: int, pad_id: int) -> np.ndarray:
         """The tokens of the hypotheses that end in ``row`` after ``length`` steps, both (batch, beam), as
-        (batch, beam, steps) padded with ``pad_id``; ``taken``: the steps run. One pass over the steps, last first."""
-        tokens = torch.full((*row.shape, self.token.size(0)), pad_id, dtype=torch.long, device=row.device)
-        row = row.clone()
+        (batch, beam, steps) padded with ``pad_id``; ``taken``: the steps run. One pass over the steps, last first,
+        on the host: the trail is copied once, and no small operator a step is launched on the device."""
+        token, parent = (t[:taken].cpu().numpy() for t in (self.token, self.parent))
+        row, length = row.cpu().numpy(), length.cpu().numpy()
+        tokens = np.full((*row.shape, self.token.size(0)), pad_id, dtype=np.int64)
         for step in range(taken, 0, -1):  # step ``step`` wrote position step - 1
             inside = length >= step
-            tokens[..., step - 1] = torch.where(inside, self.token[step - 1][row], pad_id)
-            row = torch.where(inside, self.parent[step - 1][row], row)
+            tokens[..., step - 1] = np.where(inside, token[step - 1][row], pad_id)
+            row = np.where(inside, parent[step - 1][row], row)
         return tokens
 
 
@@ -251,7 +253,7 @@ class _Finished:
         for kept, new in ((self.log_prob, log_prob), (self.row, row), (self.length, length), (self.ended, ended)):
             kept.copy_(torch.cat([kept, new], dim=1).gather(1, pick))
 
-    def hypotheses(self, tokens: Tensor, n_best: int, alpha: float, norm: LengthNorm) -> list[list[Hypothesis]]:
+    def hypotheses(self, tokens: np.ndarray, n_best: int, alpha: float, norm: LengthNorm) -> list[list[Hypothesis]]:
         """The ``n_best`` best of each sentence, read back once; ``tokens``: theirs, (batch, beam, steps)."""
         scores, log_probs, ids = self.score.tolist(), self.log_prob.tolist(), tokens.tolist()
         lengths, ended = self.length.tolist(), self.ended.tolist()

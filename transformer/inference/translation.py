@@ -109,16 +109,21 @@ def translate_hypotheses(model: nn.Module, texts: list[str], src_tok: Tokenizer,
     return outputs
 
 
-def decoding_model(model: nn.Module, precision: Precision, device: torch.device | str) -> nn.Module:
-    """The model a search runs for ``eval.precision``: ``model`` itself for fp32 (and when its weights are in
-    bfloat16 already), else a bfloat16 copy of it, for bf16 or for auto on a GPU that has bfloat16. The searches
-    turn the logits to float32 before their log-softmax, so scores add up in float32 either way."""
+def decodes_in_bf16(precision: Precision, device: torch.device | str) -> bool:
+    """Whether ``eval.precision`` decodes in bfloat16 on ``device``: bf16 always (refused on a GPU without it),
+    auto on a GPU that has it (native from compute capability 8, Ampere)."""
     gpu = torch.device(device).type == "cuda"
-    native = gpu and torch.cuda.get_device_properties(torch.device(device)).major >= 8  # bfloat16 from Ampere on
+    native = gpu and torch.cuda.get_device_properties(torch.device(device)).major >= 8
     if precision is Precision.bf16 and gpu and not native:
         raise ConfigError("eval.precision: bf16, but this GPU does not support bfloat16; use fp32 or auto")
-    bf16 = precision is Precision.bf16 or (precision is Precision.auto and native)
-    if not bf16 or next(model.parameters()).dtype == torch.bfloat16:
+    return precision is Precision.bf16 or (precision is Precision.auto and native)
+
+
+def decoding_model(model: nn.Module, precision: Precision, device: torch.device | str) -> nn.Module:
+    """The model a search runs for ``eval.precision``: ``model`` itself for fp32 (and when its weights are in
+    bfloat16 already), else a bfloat16 copy of it (:func:`decodes_in_bf16`). The searches turn the logits to
+    float32 before their log-softmax, so scores add up in float32 either way."""
+    if not decodes_in_bf16(precision, device) or next(model.parameters()).dtype == torch.bfloat16:
         return model
     return copy.deepcopy(model).to(torch.bfloat16)
 
@@ -153,6 +158,14 @@ def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tens
     return out.to(device)
 
 
+def searches_in_fixed_shapes(cfg: EvalConfig, model: Decoder, device: torch.device | str) -> bool:
+    """``eval.fixed_shape``, or when unset: on a GPU for a single model's cached search (the ordinary search's
+    translations, several times faster there), off elsewhere (on a CPU the rows carried along cost time)."""
+    if cfg.fixed_shape is not None:
+        return cfg.fixed_shape
+    return torch.device(device).type == "cuda" and isinstance(model, Transformer) and cfg.use_cache
+
+
 def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, max_tgt_len: int,
             sampler: Sampler | None = None) -> list[list[Hypothesis]]:
     """n-best hypotheses per sentence with the search ``cfg`` asks for (``n_best`` samples with a ``sampler``)."""
@@ -165,7 +178,7 @@ def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, ma
         samples = greedy_hypotheses(model, src.repeat_interleave(cfg.n_best, dim=0), sampler=sampler,
                                     drop_finished_at=drop_finished_at, **common)
         return [sorted(samples[i:i + cfg.n_best], key=lambda h: -h.score) for i in range(0, len(samples), cfg.n_best)]
-    if cfg.fixed_shape:
+    if searches_in_fixed_shapes(cfg, model, src.device):
         if not isinstance(model, Transformer):
             raise ConfigError("eval.fixed_shape: decodes a single Transformer, not an ensemble; set eval.fixed_shape=false")
         fixed = {key: common[key] for key in ("pad_id", "bos_id", "eos_id", "max_len_a", "max_len_b", "max_tgt_len",

@@ -85,12 +85,12 @@ class SlotDecoderCache:
     slots_kv: Tensor  # (layers, 2, batch, heads, max_len, d_head): every layer's self-attention K and V, one block
     src_mask: KeyMask  # the cross-attention mask, readied once
 
-    def reorder_(self, rows: Tensor) -> None:
+    def reorder_(self, rows: Tensor, at_once: bool | None = None) -> None:
         """Give row ``i`` the self-attention K/V of row ``rows[i]``, in place (beam search's reordering; the
-        cross-attention K/V are the same for every row of a sentence and stay). On a GPU every layer in one gather
-        (two kernels); elsewhere one layer's K or V at a time, which stays in the processor's cache (the reorder
-        alone 5× faster on a 2-core CPU than the whole block at once; a whole beam step 2.3×)."""
-        if self.slots_kv.device.type == "cuda":
+        cross-attention K/V are the same for every row of a sentence and stay). ``at_once`` (None: on a GPU) gathers
+        every layer at once (two kernels); else one layer's K or V at a time, which stays in the processor's cache
+        (the reorder alone 5× faster on a 2-core CPU than the whole block at once; a whole beam step 2.3×)."""
+        if at_once or (at_once is None and self.slots_kv.device.type == "cuda"):
             self.slots_kv.copy_(self.slots_kv.index_select(2, rows))
             return
         for part in self.slots_kv.flatten(0, 1):  # (batch, heads, max_len, d_head) each

@@ -225,7 +225,7 @@ class TrainingConfig:
     clip_grad_norm: Optional[float] = 1.0  # gradient norm clipped to this (None: no clipping)
     precision: Precision = Precision.auto  # auto: bf16 on GPUs that have it, fp32 elsewhere
     # torch.compile the objective (fused elementwise kernels); with cuda_graphs=true the compiled step is what the
-    # graphs record (compiled during each shape's warm-up)
+    # graphs record (compiled once, in the first shape's warm-up: the sizes are symbolic)
     compile: bool = False
     # CUDA only: replay the whole step (forward, backward, clipping, AdamW) from one recorded CUDA graph per batch
     # shape, batches filled to a fixed shape per padded length (transformer/training/cuda_graphs.py); one process, accumulate 1.
@@ -301,7 +301,7 @@ class EvalConfig:
     batch_size: Optional[int] = None  # sentences decoded together; None: 64 on a CPU, 512 on a GPU
     use_cache: bool = True  # the decoder's key/value cache (same output, faster)
     # Search in fixed shapes, no host work a step; on a GPU a CUDA-graph replay a step. None: on a GPU, for one model's
-    # cached search (the same translations, several times faster there); off elsewhere (slower on a CPU)
+    # cached search (the same translations, faster there: docs/RESULTS.md); off elsewhere (slower on a CPU)
     fixed_shape: Optional[bool] = None
     # The searches' arithmetic. bf16: a bfloat16 copy of the model decodes (on a GPU half the memory traffic; the
     # translations may differ a little from fp32's; slow on most CPUs); auto: bf16 on GPUs that have it, else fp32.

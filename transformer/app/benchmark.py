@@ -150,16 +150,18 @@ def benchmark_training(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     model = build_model(cfg.model, src_tok.vocab_size, tgt_tok.vocab_size, src_tok.pad_id).to(device)
     trainer = pipeline.build_trainer(train_cfg, model, src_tok, tgt_tok, train_set, dist,
                                      Tracker(work_dir, enabled=False), work_dir, lambda m, s: {"bleu": 0.0})
-    if trainer.graphs is not None:
-        log.info("CUDA graphs: recorded for the %d batch shapes of an epoch before the timed steps",
-                 _one_step_per_shape(trainer))
+    if trainer.graphs is not None:  # compiled too, with training.compile
+        start = time.perf_counter()
+        shapes = _one_step_per_shape(trainer)
+        log.info("CUDA graphs: recorded for the %d batch shapes of an epoch before the timed steps%s: %.1f s", shapes,
+                 " (compiling first)" if cfg.training.compile else "", time.perf_counter() - start)
     groups = _endless_groups(trainer.sampler, cfg.training.accumulate)
     with prefetched((_collated(trainer, group) for group in groups), device) as batches:
         start = time.perf_counter()
         for _ in range(cfg.untimed_steps):
             trainer.train_step(next(batches))
         _sync(device)
-        done = ", compilation" if cfg.training.compile else ""
+        done = ", compilation" if cfg.training.compile and trainer.graphs is None else ""
         log.info("%d untimed steps (warm-up%s): %.1f s", cfg.untimed_steps, done, time.perf_counter() - start)
         src_tokens = tgt_tokens = flops = 0.0
         padded = 0

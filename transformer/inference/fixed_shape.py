@@ -27,6 +27,7 @@ is memory and work for rows that are done: the slots hold every row at the longe
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -291,7 +292,9 @@ def _run(step: Callable[[], None], steps: int, done: Tensor, check_every: int, u
     return steps
 
 
-_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}  # one side stream per CUDA device, for warm-ups and captures
+# a side stream per CUDA device and thread, for warm-ups and captures: two threads decoding on one GPU (two
+# Translators, say) must not capture on the same stream
+_CAPTURE_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
 
 
 def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
@@ -305,7 +308,10 @@ def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], No
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(index):
-        side = _CAPTURE_STREAMS.setdefault(index, torch.cuda.Stream(index))
+        key = (index, threading.get_ident())
+        if key not in _CAPTURE_STREAMS:
+            _CAPTURE_STREAMS[key] = torch.cuda.Stream(index)
+        side = _CAPTURE_STREAMS[key]
         side.wait_stream(torch.cuda.current_stream(index))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(side):

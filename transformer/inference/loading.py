@@ -110,8 +110,8 @@ def load_model(run_dir: str | Path | None, checkpoint: str | Path | None, ensemb
         other = find_checkpoint(other) if other.is_dir() else other
         twice = [earlier for earlier in [path, *others] if earlier.resolve() == other.resolve()]
         if twice:  # allowed (a model mixed with itself is that model), but rarely what was meant
-            log.warning("ensemble[%d]: %s is %s again: an ensemble with a model twice decodes as without the "
-                        "repeat, only slower", i, other, twice[0])
+            log.warning("ensemble[%d]: %s is %s again: it counts twice in the ensemble's mean of probabilities",
+                        i, other, twice[0])
         others.append(other)
     log.info("decoding with an ensemble of %d models: %s", 1 + len(others), ", ".join(map(str, [path, *others])))
     return load_ensemble([path, *others], device, retry_key)

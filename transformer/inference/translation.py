@@ -160,7 +160,7 @@ def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tens
 
 def searches_in_fixed_shapes(cfg: EvalConfig, model: Decoder, device: torch.device | str) -> bool:
     """``eval.fixed_shape``, or when unset: on a GPU for a single model's cached search (the ordinary search's
-    translations, several times faster there), off elsewhere (on a CPU the rows carried along cost time)."""
+    translations, faster there), off elsewhere (on a CPU the rows carried along cost time)."""
     if cfg.fixed_shape is not None:
         return cfg.fixed_shape
     return torch.device(device).type == "cuda" and isinstance(model, Transformer) and cfg.use_cache

@@ -586,6 +586,37 @@ def test_every_command_config_says_what_its_command_does() -> None:
         assert f"\nUsage:\n  transformer-{path.stem.replace('_', '-')}" in header, path
 
 
+def test_every_help_names_a_guide_page_that_transformer_guide_prints(monkeypatch, capsys) -> None:
+    import yaml
+
+    from transformer.app import guide, recipes
+
+    helps = [yaml.safe_load(path.read_text())["hydra"]["help"]["header"] for path in CONFIG_DIR.glob("*.yaml")
+             if f"{path.stem}_schema" in path.read_text()]
+    helps.append(recipes.command_line().format_help())
+    monkeypatch.setattr(sys, "argv", ["transformer-average", "--help"])
+    cli.average_main()
+    helps.append(capsys.readouterr().out)
+    named = [re.findall(r"Guide: transformer-guide (\S+) \(docs/guide/(\S+)\.md\)", " ".join(text.split()))
+             for text in helps]  # argparse wraps lines
+    assert [len(found) for found in named] == [1] * 10 and all(page == file for (page, file), in named)
+    for (page, _), in named:  # the page the help names, as the docs folder holds it
+        assert guide.page_text(page) == (REPO / "docs" / "guide" / f"{page}.md").read_text(encoding="utf-8")
+    listed = [line.split()[0] for line in guide.contents().splitlines() if line.startswith("  ")]
+    assert listed == sorted(path.stem for path in (REPO / "docs" / "guide").glob("*.md")) + ["reference"]
+    for argv, out in ((["docs/reference/configuration.md"], "docs/reference/configuration.md"),
+                      (["docs/guide/serve.md"], "docs/guide/serve.md")):  # as --help writes them
+        monkeypatch.setattr(sys, "argv", ["transformer-guide", *argv])
+        cli.guide_main()
+        assert capsys.readouterr().out == (REPO / out).read_text(encoding="utf-8")
+    for argv, said in ((["trian"], "transformer-guide: no page 'trian' in the guide; did you mean train?"),
+                       (["train", "serve"], "usage: transformer-guide [PAGE]: one page at a time (no PAGE: the list "
+                                            "of pages)")):
+        monkeypatch.setattr(sys, "argv", ["transformer-guide", *argv])
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            cli.guide_main()
+
+
 def test_python_m_transformer_lists_every_console_command_and_names_a_misspelt_one(tmp_path):
     import tomllib
 

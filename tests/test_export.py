@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from transformer.app import pipeline
 from transformer.app.schemas import Quantization
-from transformer.config import ConfigError, EvalConfig, LengthNorm
+from transformer.config import ConfigError, EvalConfig, LengthNorm, Precision
 from transformer.inference.export import EXPORT_FILE, QUANTIZATIONS, export
 from transformer.inference.loading import load_model, load_trained
 from transformer.inference.translation import translate_scored
@@ -251,6 +251,9 @@ def test_the_translator_gives_one_text_from_a_run_and_from_its_export(compose_co
     assert from_export.translate(sentences) == greedy and greedy[-1] == [""]  # the export's own search: greedy
     fixed_shape = Translator.load(tmp_path / "run", eval_cfg=EvalConfig(beam_size=1, fixed_shape=True))
     assert fixed_shape.translate(sentences) == greedy
+    settled = [(t.batch_size, t.fixed_shape, t.precision) for t in (  # what the device decides, settled for a CPU
+        from_run.search_settings(), fixed_shape.search_settings(), from_export.search_settings())]
+    assert settled == [(64, False, Precision.fp32), (64, True, Precision.fp32), (64, None, Precision.fp32)]
     for norm, cut in itertools.product(LengthNorm, (False, True)):  # greedy: the same scores, normalised as here
         search = EvalConfig(beam_size=1, length_norm=norm, **({"max_len_a": 0.0, "max_len_b": 2} if cut else {}))
         _same([[(t.text, t.score) for t in nbest] for nbest in
@@ -305,6 +308,22 @@ def test_a_run_s_samples_go_on_from_call_to_call_and_a_new_translator_repeats_th
     assert calls[0] != calls[1]  # one seed for the translator, not one per call: the draws go on
     again = Translator.load(one_run, eval_cfg=hot)
     assert [again.translate(sentences), again.translate(sentences)] == calls
+
+
+def test_a_translator_decodes_in_the_precision_its_eval_holds_now(one_run):
+    from dataclasses import replace
+
+    from transformer import Translator
+
+    sentences = (one_run.parents[2] / "toy" / "test.src").read_text().splitlines()[:12]
+    translator = Translator.load(one_run, eval_cfg=EvalConfig(beam_size=3))
+    fp32 = translator.translate_scored(sentences)
+    translator.eval = replace(translator.eval, precision=Precision.bf16)  # its bfloat16 copy is made now
+    bf16 = translator.translate_scored(sentences)
+    assert bf16 == Translator.load(one_run, eval_cfg=translator.eval).translate_scored(sentences)
+    assert [t.score for nbest in bf16 for t in nbest] != [t.score for nbest in fp32 for t in nbest]
+    translator.eval = replace(translator.eval, precision=Precision.fp32)  # and back: the model itself again
+    assert translator.translate_scored(sentences) == fp32
 
 
 def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp_path, caplog):

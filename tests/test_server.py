@@ -374,6 +374,8 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
     assert (info["source_language"], info["target_language"]) == ("src", "tgt")
     assert info["vocabulary"] == {"source": 12, "target": 12} and info["model"]["n_decoder_layers"] == 2
     assert info["search_differences"] == []  # this app's own search
+    assert info["eval"]["beam_size"] == BEAM.beam_size and BEAM.batch_size is BEAM.fixed_shape is None
+    assert [info["eval"][key] for key in ("batch_size", "fixed_shape", "precision")] == [64, False, "fp32"]  # settled
     for path in ("/", "/static/explorer.js", "/static/explorer.css"):
         response = httpx.get(url + path)
         assert response.status_code == 200 and "http://" not in response.text and "https://" not in response.text

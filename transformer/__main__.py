@@ -19,6 +19,7 @@ COMMANDS = {  # name: (entry point, what it does)
     "recipe": (cli.recipe_main, "several trainings and what is made of them (ensemble, diversified, best_gpu)"),
     "average": (cli.average_main, "average the weights of checkpoints into one"),
     "benchmark": (cli.benchmark_main, "training tokens/s, MFU and decoding speed on this machine"),
+    "guide": (cli.guide_main, "print a page of the user guide, e.g. guide train (no page: the list)"),
 }
 
 

@@ -348,7 +348,7 @@ def average_main() -> None:
 
     usage = "usage: transformer-average OUT.pt IN1.pt IN2.pt [...]: average the model weights of checkpoints"
     if {"-h", "--help"} & set(sys.argv[1:]):
-        print(usage)
+        print(f"{usage}\nGuide: transformer-guide average (docs/guide/average.md)")
         return
     if len(sys.argv) < 4:
         sys.exit(usage)
@@ -407,3 +407,18 @@ def recipe_main() -> None:
     except (RunFailed, *user_errors()) as error:
         log.error("%s", error)
         sys.exit(1)
+
+
+def guide_main() -> None:
+    """``transformer-guide [PAGE]``: print a page of the user guide (no PAGE: the list of pages)."""
+    from transformer.app import guide
+
+    if len(sys.argv) > 2:
+        sys.exit("usage: transformer-guide [PAGE]: one page at a time (no PAGE: the list of pages)")
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(guide.contents())
+        return
+    try:
+        print(guide.page_text(sys.argv[1]), end="")
+    except LookupError as error:
+        sys.exit(f"transformer-guide: {error.args[0]}")

@@ -291,7 +291,7 @@ def _seeds(text: str) -> list[int]:
 
 DESCRIPTION = """transformer-recipe: several trainings and what is made of them. ensemble: seeds trained and scored as
 one ensemble; diversified: data diversification, from the teachers through the corpus to the students scored as one;
-best_gpu: the best recipe shaped for one GPU. Guide: docs/guide/recipe.md"""
+best_gpu: the best recipe shaped for one GPU. Guide: transformer-guide recipe (docs/guide/recipe.md)"""
 
 
 def command_line() -> argparse.ArgumentParser:

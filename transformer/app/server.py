@@ -118,7 +118,7 @@ def load_served_model(cfg: ServeConfig) -> Model:
         "backend": translator.backend, "checkpoint": str(translator.source), "checkpoint_sha256": sha,
         "model": model_config,
         "vocabulary": {"source": translator.src_tok.vocab_size, "target": translator.tgt_tok.vocab_size},
-        "eval": to_plain_dict(cfg.eval), "search_differences": translator.search_differences(),
+        "eval": to_plain_dict(translator.search_settings()), "search_differences": translator.search_differences(),
         "batching": cfg.batching, "attention": attention is not None,
         "limits": {"max_sentences": cfg.max_sentences, "max_request_tokens": cfg.max_request_tokens,
                    "max_tokens_per_sentence": translator.max_positions, "max_beam_size": MAX_BEAM},

@@ -30,13 +30,14 @@ from typing import Any, Iterable
 
 import torch
 
-from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, from_plain_dict
+from transformer.config import ConfigError, DataConfig, EvalConfig, LengthNorm, Precision, from_plain_dict
 from transformer.data.tokenizer import SentencePieceTokenizer, Tokenizer, WordTokenizer
 from transformer.inference.export import EXPORT_FILE, check_export_files, read_export_record
 from transformer.inference.loading import TrainedModel, load_model
 from transformer.inference.sampling import generator
 from transformer.inference.search import length_penalty, max_length
-from transformer.inference.translation import decoding_model, encode_sources, progress_bar, translate_hypotheses
+from transformer.inference.translation import (decoding_model, decodes_in_bf16, encode_sources, progress_bar,
+                                               searches_in_fixed_shapes, translate_hypotheses)
 from transformer.runtime import choose_device, decode_batch_size
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Translator:
         self.languages = languages  # (source, target)
         self.source = source  # the checkpoint file, or the export directory
         self._trained, self._ct2 = trained, ct2
-        self._decoding: torch.nn.Module | None = None  # the model the searches run (eval.precision), made once
+        self._decoding: tuple[Precision, torch.nn.Module] | None = None  # the model the searches run, per precision
         self._target_ids = {piece: i for i, piece in enumerate(tgt_tok.pieces())}
         self._warned_gnmt = self._warned_nbest = False
         self._random = generator(eval_cfg, device) if trained is not None else None  # sampling: the calls' draws
@@ -200,9 +201,9 @@ class Translator:
             raise ConfigError(f"n_best: {n_best} translations need beam_size >= {n_best}, got {beam_size}")
         cfg = replace(self.eval, beam_size=beam_size, n_best=n_best)
         if self._trained is not None:
-            if self._decoding is None:
-                self._decoding = decoding_model(self._trained.model, cfg.precision, self.device)
-            found = translate_hypotheses(self._decoding, sentences, self.src_tok, self.tgt_tok, cfg,
+            if self._decoding is None or self._decoding[0] is not cfg.precision:  # made once per eval.precision
+                self._decoding = cfg.precision, decoding_model(self._trained.model, cfg.precision, self.device)
+            found = translate_hypotheses(self._decoding[1], sentences, self.src_tok, self.tgt_tok, cfg,
                                          self.device, self.max_positions, progress, self._random)
             return [[self._translation(h.tokens, h.score) for h in nbest] for nbest in found]
         return self._translate_ct2(sentences, cfg, progress)
@@ -268,6 +269,18 @@ class Translator:
             differences.append("eval.length_norm=none: CTranslate2's beam search stops once its best hypothesis ends, "
                                "so only the best of the n_best is this app's")
         return differences
+
+    def search_settings(self) -> EvalConfig:
+        """The translator's ``eval`` with what depends on the device settled: ``batch_size`` (unset: 64 on a CPU,
+        512 on a GPU) and, for the torch backend, ``fixed_shape`` (unset: on for a cached search on a GPU) and
+        ``precision`` (``auto``: bf16 on a GPU that has it, else fp32). CTranslate2 decodes in the export's own
+        type with its own search, so for it those two stay as given."""
+        cfg = replace(self.eval, batch_size=decode_batch_size(self.eval, self.device))
+        if self._trained is None:
+            return cfg
+        bf16 = decodes_in_bf16(cfg.precision, self.device)
+        return replace(cfg, fixed_shape=searches_in_fixed_shapes(cfg, self._trained.model, self.device),
+                       precision=Precision.bf16 if bf16 else Precision.fp32)
 
     def _warn_once(self, cfg: EvalConfig) -> None:
         """Where CTranslate2's beam search differs from this app's, said once per translator (for the default GNMT

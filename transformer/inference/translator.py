@@ -36,8 +36,14 @@ from transformer.inference.export import EXPORT_FILE, check_export_files, read_e
 from transformer.inference.loading import TrainedModel, load_model
 from transformer.inference.sampling import generator
 from transformer.inference.search import length_penalty, max_length
-from transformer.inference.translation import (decoding_model, decodes_in_bf16, encode_sources, progress_bar,
-                                               searches_in_fixed_shapes, translate_hypotheses)
+from transformer.inference.translation import (
+    decodes_in_bf16,
+    decoding_model,
+    encode_sources,
+    progress_bar,
+    searches_in_fixed_shapes,
+    translate_hypotheses,
+)
 from transformer.runtime import choose_device, decode_batch_size
 
 log = logging.getLogger(__name__)

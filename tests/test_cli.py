@@ -61,7 +61,7 @@ def test_an_interrupt_or_a_path_that_cannot_be_written_is_one_line(compose_confi
     def command(cfg: TrainConfig) -> None:
         raise error
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer"), pytest.raises(SystemExit) as exit_info:
         failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == code and [r.getMessage() for r in caplog.records] == [message]
 
@@ -81,7 +81,7 @@ def test_a_range_error_is_one_logged_line_and_exit_status_1(compose_config, capl
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with an invalid config")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer"), pytest.raises(SystemExit) as exit_info:
         failures.run_command(command, compose_config("train", ["training.lr=-1", *RUN]))
     assert exit_info.value.code == 1
     assert [r.getMessage() for r in caplog.records] == ["training.lr: must be > 0, got -1.0"]
@@ -96,7 +96,7 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with a setting nothing reads")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer"), pytest.raises(SystemExit) as exit_info:
         failures.run_command(command, compose_config("train", [override, *RUN]))
     assert exit_info.value.code == 1
     assert caplog.records[0].getMessage().startswith(message)
@@ -133,6 +133,20 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                                                 "valid bool (type str)"),
     (cli.train_main, ["model=tinyy"], "model=tinyy: no such option; did you mean model=tiny? The options: "
                                       + ", ".join(sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml")))),
+    # a setting without its group, or under another one: the key where it lives
+    (cli.train_main, ["max_steps=30"], "max_steps: no such setting; did you mean training.max_steps?"),
+    (cli.translate_main, ["run_dir=x", "beam_size=4"], "beam_size: no such setting; did you mean eval.beam_size?"),
+    (cli.train_main, ["training.beam_size=4"], "training.beam_size: no such setting; did you mean eval.beam_size?"),
+    (cli.train_main, ["model.tokenizer.vocab_size=4"],
+     "model.tokenizer: no such setting; did you mean data.tokenizer.vocab_size?"),
+    # flags Hydra lacks: the setting meant, as KEY=VALUE
+    (cli.train_main, ["--max-steps", "30"], "--max-steps: not a flag of transformer-command; settings are given as "
+                                            "KEY=VALUE, did you mean training.max_steps=30? (--help lists them)"),
+    (cli.serve_main, ["--port=9000"], "--port: not a flag of transformer-command; settings are given as KEY=VALUE, "
+                                      "did you mean port=9000? (--help lists them)"),
+    (cli.train_main, ["-q"], "-q: not a flag of transformer-command; settings are given as KEY=VALUE, e.g. "
+                             "training.max_steps=30 (--help lists them)"),
+    (cli.train_main, ["--multi", "--cfg", "job"], "--multi: give the flag's whole name, --multirun"),
 ])
 def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_one_line(
         monkeypatch, tmp_path, main, argv, message) -> None:
@@ -186,7 +200,7 @@ def test_user_errors_raised_by_the_command_exit_with_status_1(compose_config, ca
     def command(cfg: TrainConfig) -> None:
         raise error
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer"), pytest.raises(SystemExit) as exit_info:
         failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == 1 and caplog.records[-1].getMessage() == str(error)
 
@@ -195,7 +209,7 @@ def test_an_interpolation_that_does_not_resolve_is_one_line(compose_config, capl
     def command(cfg: TrainConfig) -> None:
         raise AssertionError("must not run with an unresolved config")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer"), pytest.raises(SystemExit) as exit_info:
         failures.run_command(command, compose_config("train", ["training.lr=${oops}", *RUN]))
     assert exit_info.value.code == 1
     assert "oops" in caplog.records[-1].getMessage() and "training.lr" in caplog.records[-1].getMessage()
@@ -205,7 +219,7 @@ def test_an_interrupted_command_ends_in_one_line_and_exit_status_130(compose_con
     def command(cfg: TrainConfig) -> None:
         raise KeyboardInterrupt("interrupted at step 7; saved run/checkpoints/last.pt (resume=run continues it)")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer"), pytest.raises(SystemExit) as exit_info:
         failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == 130
     assert caplog.records[-1].getMessage() == ("interrupted at step 7; saved run/checkpoints/last.pt (resume=run "
@@ -246,11 +260,13 @@ def test_average_of_a_missing_checkpoint_is_one_line(monkeypatch, tmp_path) -> N
         cli.average_main()
 
 
-@pytest.mark.parametrize("argv", [["transformer-average"], ["transformer-average", "avg.pt", "a.pt"]])
-def test_average_needs_an_output_and_two_inputs(monkeypatch, argv) -> None:
+@pytest.mark.parametrize("argv, reason", [(["transformer-average"], ""),
+                                          (["transformer-average", "avg.pt", "a.pt"],
+                                           "transformer-average: one checkpoint (a.pt); averaging takes two or more\n")])
+def test_average_needs_an_output_and_two_inputs(monkeypatch, argv, reason) -> None:
     monkeypatch.setattr(use, "average", lambda paths, out: pytest.fail("must not average"))
     monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit, match="usage: transformer-average OUT.pt IN1.pt IN2.pt"):
+    with pytest.raises(SystemExit, match=f"^{re.escape(reason)}usage: transformer-average OUT.pt IN1.pt IN2.pt"):
         cli.average_main()
 
 
@@ -526,7 +542,7 @@ def test_a_full_disk_ends_the_command_in_one_line_naming_enospc(compose_config, 
     def command(cfg: TrainConfig) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", "data/cache/corpus/x/src_tokens.npy")
 
-    with caplog.at_level(logging.ERROR, logger="transformer.app.failures"), pytest.raises(SystemExit) as exit_info:
+    with caplog.at_level(logging.ERROR, logger="transformer"), pytest.raises(SystemExit) as exit_info:
         failures.run_command(command, compose_config("train", RUN))
     assert exit_info.value.code == 1
     assert [r.getMessage() for r in caplog.records] == [
@@ -603,9 +619,11 @@ def test_every_help_names_a_guide_page_that_transformer_guide_prints(monkeypatch
     for (page, _), in named:  # the page the help names, as the docs folder holds it
         assert guide.page_text(page) == (REPO / "docs" / "guide" / f"{page}.md").read_text(encoding="utf-8")
     listed = [line.split()[0] for line in guide.contents().splitlines() if line.startswith("  ")]
-    assert listed == sorted(path.stem for path in (REPO / "docs" / "guide").glob("*.md")) + ["reference"]
+    assert listed == sorted(path.stem for path in (REPO / "docs" / "guide").glob("*.md")) + [
+        "troubleshooting", "api", "reference"]
     for argv, out in ((["docs/reference/configuration.md"], "docs/reference/configuration.md"),
-                      (["docs/guide/serve.md"], "docs/guide/serve.md")):  # as --help writes them
+                      (["docs/guide/serve.md"], "docs/guide/serve.md"),  # as --help writes them
+                      (["troubleshooting"], "docs/troubleshooting.md")):
         monkeypatch.setattr(sys, "argv", ["transformer-guide", *argv])
         cli.guide_main()
         assert capsys.readouterr().out == (REPO / out).read_text(encoding="utf-8")

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -383,6 +384,9 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
         Translator.load(tmp_path / "run", backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
         Translator.load(tmp_path / "exported", backend="torch")
+    with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(tmp_path / 'nothere'))} does not exist; give a "
+                                                "training run's folder, a checkpoint file or an export's folder$"):
+        Translator.load(tmp_path / "nothere")
     for threads, error, message in ((-3, ConfigError, r"^threads: must be >= 0 \(0: up to 4, as many as there are "
                                                       r"cores\), got -3$"),
                                     ("2", TypeError, r"^threads: must be an integer, got '2'$"),

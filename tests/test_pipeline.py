@@ -414,7 +414,7 @@ def test_train_script_under_torchrun_with_two_processes(toy_corpus, tmp_path, na
             cwd=tmp_path, capture_output=True, text=True, timeout=120,
         )
         console = again.stdout + again.stderr
-        assert again.returncode != 0 and "[rank 1][ERROR] transformer.app.failures: output_dir:" in console
+        assert again.returncode != 0 and "[rank 1][ERROR] transformer-train: output_dir:" in console
         assert "Error executing job" not in console  # rank 1 refused too: it did not fail waiting for rank 0
 
 

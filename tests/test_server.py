@@ -371,6 +371,7 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
     info = httpx.get(f"{url}/info").json()
     checkpoint = run_dir / "checkpoints" / "final.pt"
     assert info["checkpoint_sha256"] == files.sha256(checkpoint) and info["backend"] == "torch"
+    assert (info["checkpoint"], info["export"]) == (str(checkpoint), None)
     assert (info["source_language"], info["target_language"]) == ("src", "tgt")
     assert info["vocabulary"] == {"source": 12, "target": 12} and info["model"]["n_decoder_layers"] == 2
     assert info["search_differences"] == []  # this app's own search
@@ -396,6 +397,7 @@ def test_health_info_and_a_page_that_needs_no_other_site(served, run_dir):
 
 def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpoint(run_dir, tmp_path, caplog):
     pytest.importorskip("ctranslate2")
+    from transformer import files
     from transformer.inference.export import export
     from transformer.inference.loading import load_trained
 
@@ -410,6 +412,8 @@ def test_an_export_is_served_through_ctranslate2_with_attention_from_its_checkpo
         _same(_pairs(httpx.post(f"{url}/translate", json={"text": lines}).json()), expected(run_dir, lines))
         info = httpx.get(f"{url}/info").json()
         assert info["backend"] == "ctranslate2" and info["search_differences"] == []  # average: CTranslate2's own
+        assert (info["export"], info["checkpoint"]) == (str(out), str(checkpoint))  # the export, what it came from
+        assert info["checkpoint_sha256"] == files.sha256(checkpoint)
         assert httpx.post(f"{url}/attention", json={"source": lines[0]}).status_code == 200
     gnmt = server.load_served_model(ServeConfig(export_dir=str(out), eval=EvalConfig(beam_size=3), device="cpu"))
     assert gnmt.info["eval"]["length_norm"] == "gnmt" and gnmt.info["search_differences"] == [  # said, not hidden

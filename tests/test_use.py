@@ -188,6 +188,20 @@ def test_each_line_typed_at_a_terminal_that_gets_an_empty_translation_draws_a_wa
         "1 of 1 non-blank lines got an empty translation (line 5)"]
 
 
+def test_lines_without_a_token_the_model_reads_are_warned_of_apart(caplog):
+    """A line of characters the source vocabulary drops (a zero-width space, say) translates to nothing: said as
+    such, not blamed on the model."""
+    lines, nbest = ["a b", "\u200b", "c", "\u200b \u200b", ""], [["A B"], [""], [""], [""], [""]]
+    with caplog.at_level(logging.WARNING, logger="transformer.app.translate_io"):
+        assert translate_io.warn_of_empty_translations(lines, nbest, first_line_no=11,
+                                                       reads=lambda line: "\u200b" not in line)
+    assert [record.getMessage() for record in caplog.records] == [
+        "2 non-blank line(s) have no token the model reads, so their translation is empty (line 12, 14): their "
+        "characters are none the source vocabulary keeps",
+        "1 of 2 non-blank lines got an empty translation (line 13): the model ends its translations at once, as one "
+        "trained for a few steps does (debug=cpu_tiny); transformer-evaluate gives its BLEU"]
+
+
 def _upper_until(stop_at: str):
     """A translation of lines (upper case) that fails, as Ctrl-C or a crash would, at the line ``stop_at``."""
     def translate_lines(lines: list[str]) -> list[list[str]]:

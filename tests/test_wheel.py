@@ -60,5 +60,6 @@ def test_a_wheel_installed_elsewhere_trains_and_translates(tmp_path, multi30k):
                  "print(ASSETS); print(live_page())"], elsewhere, env).stdout  # the explorer's assets came along
     assert Path(page.splitlines()[0]).is_relative_to(site) and "/static/explorer.js" in page
     assert (Path(page.splitlines()[0]) / "explorer.js").is_file()
-    guide = _run([bin_dir / "transformer-guide", "docs/guide/train.md"], elsewhere, env).stdout  # as --help names it
-    assert guide == (REPO / "docs" / "guide" / "train.md").read_text(encoding="utf-8")
+    for page, file in (("docs/guide/train.md", "guide/train.md"), ("troubleshooting", "troubleshooting.md")):
+        shown = _run([bin_dir / "transformer-guide", page], elsewhere, env).stdout  # as --help names it
+        assert shown == (REPO / "docs" / file).read_text(encoding="utf-8")

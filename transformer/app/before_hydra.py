@@ -54,6 +54,32 @@ def only_looks(argv: list[str]) -> bool:
     return any(flag(arg) in LOOKS for arg in argv)
 
 
+# Every flag Hydra's command line takes. Its argparse would take a long one shortened too (--multi), but the checks
+# here read flags by their whole names, so a shortened one is refused, naming the whole one.
+HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p", "--package", "-r", "--run",
+               "-m", "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn", "--config-name", "-cd",
+               "--config-dir", "--experimental-rerun", "-i", "--info")
+
+
+def refuse_unknown_flags(argv: list[str], schema: type | None, command: str) -> None:
+    """Exit in one line naming a flag that Hydra lacks (``--max-steps 30``), with the setting it may mean
+    (``training.max_steps=30``): Hydra would print its usage and name the value as an unrecognized argument."""
+    for i, arg in enumerate(argv):
+        name = flag(arg)
+        if not arg.startswith("-") or name in HYDRA_FLAGS:
+            continue
+        whole = [known for known in HYDRA_FLAGS if known.startswith("--") and known.startswith(name)]
+        if name.startswith("--") and len(whole) == 1:
+            sys.exit(f"{name}: give the flag's whole name, {whole[0]}")
+        from transformer.app.schemas import settings_named
+
+        value = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1]
+                                          and not argv[i + 1].startswith("-") else "VALUE")
+        meant = settings_named(schema, [name.lstrip("-").replace("-", "_")]) if schema is not None else []
+        hint = f"did you mean {meant[0]}={value}?" if len(meant) == 1 else "e.g. training.max_steps=30"
+        sys.exit(f"{name}: not a flag of {command}; settings are given as KEY=VALUE, {hint} (--help lists them)")
+
+
 def refuse_malformed_overrides(argv: list[str]) -> None:
     """Exit in one line naming the first word of ``argv`` that is meant as an override but does not parse as one
     (``training.lr``, ``'training.lr=[1'``): Hydra would print its parser's message without the override, and a

@@ -246,6 +246,7 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
         sys.exit(0)
     schemas.register_configs()
     with said_by_rank_0():  # the command line and the config files: the same on every rank
+        before_hydra.refuse_unknown_flags(sys.argv[1:], schema, Path(sys.argv[0]).name)
         before_hydra.refuse_malformed_overrides(sys.argv[1:])
         before_hydra.refuse_malformed_yaml(sys.argv[1:], Path(CONFIG_PATH))
         if schema is not None:
@@ -350,6 +351,8 @@ def average_main() -> None:
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(f"{usage}\nGuide: transformer-guide average (docs/guide/average.md)")
         return
+    if len(sys.argv) == 3:
+        sys.exit(f"transformer-average: one checkpoint ({sys.argv[2]}); averaging takes two or more\n{usage}")
     if len(sys.argv) < 4:
         sys.exit(usage)
     try:

@@ -19,8 +19,6 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer.app import schemas
 from transformer.app.before_hydra import overrides_given
 
-log = logging.getLogger(__name__)
-
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Failures that deserve a clear message rather than a traceback."""
@@ -38,10 +36,19 @@ def user_errors() -> tuple[type[BaseException], ...]:
             DiskFullError, HydraException, OmegaConfBaseException)
 
 
+def command_log() -> logging.Logger:
+    """The logger a failure is said by: the command's name (``transformer-train``), which the line then shows."""
+    from hydra.core.hydra_config import HydraConfig
+
+    name = HydraConfig.get().job.name if HydraConfig.initialized() else None
+    return logging.getLogger(f"transformer-{name.replace('_', '-')}" if name else "transformer")
+
+
 def run_command(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,
                 prepare: Callable[[DictConfig], DictConfig] | None = None) -> Any:
     """``command`` on the typed config (``typed=False``: on ``cfg`` as it is; ``prepare``: on ``prepare(cfg)``), a
     user error as one logged line."""
+    log = command_log()
     try:
         with said_by_rank_0():
             if prepare is not None:

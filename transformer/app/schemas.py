@@ -247,6 +247,20 @@ def refuse_unknown_keys(config: Any, prefix: str = "") -> None:
         refuse_unknown_keys(getattr(config, name), f"{prefix}{name}.")
 
 
+def settings_named(schema: type, tail: list[str], prefix: str = "") -> list[str]:
+    """The dotted keys of ``schema`` that end in ``tail`` (``["max_steps"]``: ``training.max_steps``): where a
+    setting typed without its group, or under another one, lives."""
+    found = []
+    for field, kind in typing.get_type_hints(schema).items():
+        if typing.get_origin(kind) is typing.Union:  # Optional[SomeConfig]
+            kind = next((option for option in typing.get_args(kind) if option is not type(None)), kind)
+        if dataclasses.is_dataclass(kind):
+            found += settings_named(kind, tail, f"{prefix}{field}.")
+        elif f"{prefix}{field}".split(".")[-len(tail):] == tail:
+            found.append(f"{prefix}{field}")
+    return found
+
+
 def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[str]) -> None:
     """Before Hydra composes: refuse a ``key=value`` (or ``+key=value``) argument whose key names no setting of
     ``schema`` (or of its config ``groups``: ``experiment=...``), naming the nearest one. Hydra itself would say only
@@ -268,8 +282,12 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
                 if depth == 0 and part in groups and not prefix:
                     break
                 names = known + sorted(set(groups) - set(known)) if depth == 0 and not prefix else known
-                nearest = difflib.get_close_matches(part, names, n=1)
-                hint = f"did you mean {prefix}{nearest[0]}?" if nearest else f"the settings here: {', '.join(names)}"
+                elsewhere = [] if prefix.startswith("hydra.") else settings_named(schema, parts[depth:])
+                nearest = [f"{prefix}{name}" for name in difflib.get_close_matches(part, names, n=1)]
+                if elsewhere or nearest:  # the setting under another group (max_steps: training.max_steps) first
+                    hint = f"did you mean {' or '.join((elsewhere or nearest)[:3])}?"
+                else:
+                    hint = f"the settings here: {', '.join(names)}"
                 raise ConfigError(f"{prefix}{part}: no such setting; {hint}")
             kind = hints[part]
             if typing.get_origin(kind) is typing.Union:  # Optional[SomeConfig]

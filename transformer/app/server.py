@@ -99,12 +99,13 @@ def load_served_model(cfg: ServeConfig) -> Model:
         translator = Translator.from_trained(load_model(cfg.run_dir, cfg.checkpoint, [], device), cfg.eval)
     if translator.backend == "torch":
         attention, missing = translator.trained, ""
-        sha = files.sha256(translator.source)
+        checkpoint, sha, export = translator.source, files.sha256(translator.source), None
         model_config = to_plain_dict(translator.trained.config.model)
     else:
         record = read_export_record(cfg.export_dir)
         sha, model_config = record["source_checkpoint"]["sha256"], record["model"]
-        source = Path(record["source_checkpoint"]["path"])
+        source = checkpoint = Path(record["source_checkpoint"]["path"])  # what the export was made from
+        export = translator.source
         attention, missing = None, (f"attention maps need this app's model: the export's source checkpoint {source} "
                                     "is not there (serve run_dir=... or checkpoint=... instead)")
         if source.is_file() and files.sha256(source) == sha:
@@ -115,7 +116,8 @@ def load_served_model(cfg: ServeConfig) -> Model:
             log.warning("no attention maps (/attention answers 503): %s", missing)
     info = {
         "source_language": translator.languages[0], "target_language": translator.languages[1],
-        "backend": translator.backend, "checkpoint": str(translator.source), "checkpoint_sha256": sha,
+        "backend": translator.backend, "checkpoint": str(checkpoint), "checkpoint_sha256": sha,
+        "export": None if export is None else str(export),
         "model": model_config,
         "vocabulary": {"source": translator.src_tok.vocab_size, "target": translator.tgt_tok.vocab_size},
         "eval": to_plain_dict(translator.search_settings()), "search_differences": translator.search_differences(),
@@ -409,8 +411,9 @@ def serve(cfg: ServeConfig) -> None:
             if self.started:  # listening: the line names the port, the one port=0 chose included
                 port = self.servers[0].sockets[0].getsockname()[1]
                 host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-                log.info("serving %s (%s) at http://%s:%d/ (API docs at /docs)", model.info["checkpoint"],
-                         model.info["backend"], host, port)
+                served = model.info["export"] or model.info["checkpoint"]
+                log.info("serving %s (%s) at http://%s:%d/ (API docs at /docs)", served, model.info["backend"], host,
+                         port)
 
     server = Server(uvicorn.Config(create_app(model, cfg), host=cfg.host, port=cfg.port, log_level="info"))
     try:

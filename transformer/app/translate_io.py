@@ -86,16 +86,16 @@ def read_lines(path: str | None) -> list[str]:
 
 
 def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]],
-                         output: str | None) -> None:
+                         output: str | None, reads: Callable[[str], bool] = bool) -> None:
     """Translate ``lines`` ``WINDOW_LINES`` at a time into ``output`` (None: stdout, each window as it is done; a
     device or a named pipe alike).
 
     A file is written whole at the end; a Ctrl-C or a failure after some windows keeps their translations in
     ``OUTPUT.partial`` (its lines are the first lines of the input; ``OUTPUT.partial.1`` and on when that exists)
-    and says so."""
+    and says so. ``reads``: whether the model reads a token of a line (:func:`warn_of_empty_translations`)."""
     if output is not None and files.is_stream(output):
         with open(output, "w", encoding="utf-8") as stream:
-            for nbest in _windows(lines, translate_lines):
+            for nbest in _windows(lines, translate_lines, reads):
                 try:
                     stream.write(_as_text(nbest))
                     stream.flush()
@@ -104,7 +104,7 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
         return
     done: list[list[str]] = []
     try:
-        for nbest in _windows(lines, translate_lines):
+        for nbest in _windows(lines, translate_lines, reads):
             if output is None:
                 write_translations(None, nbest)
             else:
@@ -131,12 +131,13 @@ def _free_name(path: str) -> str:
     return next(f"{path}.{n}" for n in itertools.count(1) if not os.path.lexists(f"{path}.{n}"))
 
 
-def _windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]]) -> Iterator[list[list[str]]]:
+def _windows(lines: list[str], translate_lines: Callable[[list[str]], list[list[str]]],
+             reads: Callable[[str], bool]) -> Iterator[list[list[str]]]:
     """The translations of each window of ``lines``; lines with words but an empty translation are warned of."""
     for start in range(0, len(lines), WINDOW_LINES):
         window = lines[start:start + WINDOW_LINES]
         nbest = translate_lines(window)
-        warn_of_empty_translations(window, nbest, first_line_no=start + 1)
+        warn_of_empty_translations(window, nbest, first_line_no=start + 1, reads=reads)
         yield nbest
 
 
@@ -162,7 +163,8 @@ def write_translations(path: str | None, nbest: list[list[str]]) -> None:
         sys.exit(141)
 
 
-def translate_as_typed(translate_lines: Callable[[list[str]], list[list[str]]]) -> None:
+def translate_as_typed(translate_lines: Callable[[list[str]], list[list[str]]],
+                       reads: Callable[[str], bool] = bool) -> None:
     """Translate each line typed at a terminal when Enter ends it, until Ctrl-D: read whole, stdin would give
     nothing back before the end of the input. Each warning comes after the line it is about, every time."""
     print("Type a sentence and press Enter; Ctrl-D ends.", file=sys.stderr, flush=True)
@@ -176,19 +178,32 @@ def translate_as_typed(translate_lines: Callable[[list[str]], list[list[str]]]) 
         with warnings.catch_warnings():
             warnings.simplefilter("always")  # a second over-long line is warned of too
             candidates = translate_lines([line])[0]
-        warn_of_empty_translations([line], [candidates], first_line_no=line_no)
+        warn_of_empty_translations([line], [candidates], first_line_no=line_no, reads=reads)
         write_translations(None, [candidates])
 
 
-def warn_of_empty_translations(lines: list[str], nbest: list[list[str]], first_line_no: int = 1) -> bool:
+def warn_of_empty_translations(lines: list[str], nbest: list[list[str]], first_line_no: int = 1,
+                               reads: Callable[[str], bool] = bool) -> bool:
     """Warn when lines with words got an empty best translation: what an undertrained model gives (it ends every
-    hypothesis at once), which printed alone looks like a command that did nothing. One warning names them all;
-    returns whether there was one."""
-    empty = [line_no for line_no, (line, candidates) in enumerate(zip(lines, nbest), start=first_line_no)
+    hypothesis at once), which printed alone looks like a command that did nothing; or what a line gets that has no
+    token the model reads (``reads(line)`` false: only characters its vocabulary drops, such as a zero-width space),
+    said apart. One warning names each kind's lines; returns whether there was one."""
+    empty = [(line_no, reads(line)) for line_no, (line, candidates) in enumerate(zip(lines, nbest),
+                                                                                 start=first_line_no)
              if line.strip() and not candidates[0]]
-    if empty:
-        shown = ", ".join(map(str, empty[:10])) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+    unread = [line_no for line_no, read in empty if not read]
+    ended = [line_no for line_no, read in empty if read]
+    if unread:
+        log.warning("%d non-blank line(s) have no token the model reads, so their translation is empty (line %s): "
+                    "their characters are none the source vocabulary keeps", len(unread), _shown(unread))
+    if ended:
         log.warning("%d of %d non-blank lines got an empty translation (line %s): the model ends its translations "
                     "at once, as one trained for a few steps does (debug=cpu_tiny); transformer-evaluate gives its "
-                    "BLEU", len(empty), sum(1 for line in lines if line.strip()), shown)
+                    "BLEU", len(ended), sum(1 for line in lines if line.strip()) - len(unread), _shown(ended))
     return bool(empty)
+
+
+def _shown(line_numbers: list[int]) -> str:
+    """The first ten line numbers, and how many more."""
+    more = f" and {len(line_numbers) - 10} more" if len(line_numbers) > 10 else ""
+    return ", ".join(map(str, line_numbers[:10])) + more

@@ -129,11 +129,16 @@ def translate(cfg: TranslateConfig) -> None:
         def translate_lines(lines: list[str]) -> list[list[str]]:
             return translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
                                    trained.model.max_positions, progress=len(lines) > 1, random=random)
+    src_tok = translator.src_tok if cfg.export_dir is not None else trained.src_tok
+
+    def reads(line: str) -> bool:  # a token of the line is one the model reads
+        return bool(src_tok.encode(line))
+
     if cfg.input is None and cfg.output is None and sys.stdin is not None and sys.stdin.isatty():
-        translate_as_typed(translate_lines)
+        translate_as_typed(translate_lines, reads)
         return
     lines = read_lines(cfg.input)  # after the model loaded: its errors come before any reading
-    translate_in_windows(lines, translate_lines, cfg.output)
+    translate_in_windows(lines, translate_lines, cfg.output, reads)
 
 
 def export(cfg: ExportConfig) -> None:

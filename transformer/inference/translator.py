@@ -96,6 +96,9 @@ class Translator:
         if threads < 0:
             raise ConfigError(f"threads: must be >= 0 (0: up to 4, as many as there are cores), got {threads}")
         path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist; give a training run's folder, a checkpoint file or an "
+                                    "export's folder")
         device = choose_device(str(device))  # cuda:N that this machine lacks: refused by key
         is_export = (path / EXPORT_FILE).is_file()
         backend = backend or ("ctranslate2" if is_export else "torch")

@@ -381,7 +381,7 @@ def test_gnmt_normalisation_on_ctranslate2_is_average_and_said_once(one_run, tmp
     with pytest.raises(ConfigError, match=r"^device: CTranslate2 decodes on cpu or cuda, not meta; give device=cpu"):
         Translator.load(out, device="meta")
     with pytest.raises(ConfigError, match="backend: ctranslate2 runs an export; make one with transformer-export"):
-        Translator.load(tmp_path / "run", backend="ctranslate2")
+        Translator.load(one_run.parents[1], backend="ctranslate2")
     with pytest.raises(ConfigError, match="backend: .*exported is a CTranslate2 export"):
         Translator.load(tmp_path / "exported", backend="torch")
     with pytest.raises(FileNotFoundError, match=rf"^{re.escape(str(tmp_path / 'nothere'))} does not exist; give a "

@@ -66,6 +66,30 @@ def test_an_interrupt_or_a_path_that_cannot_be_written_is_one_line(compose_confi
     assert exit_info.value.code == code and [r.getMessage() for r in caplog.records] == [message]
 
 
+@pytest.mark.parametrize("main, command, argv, message", [
+    (cli.train_main, "transformer-train", ["data=custom"], "data.dir: is required with data=custom, e.g. "
+                                                          "data.dir=/path/to/corpus"),
+    (cli.prepare_data_main, "transformer-prepare-data", ["data=custom"], "data.dir: is required with data=custom, "
+                                                                        "e.g. data.dir=/path/to/corpus"),
+    *[(main, command, ["run_dir=missing", *extra], "run_dir: missing does not exist; give a training run's folder "
+                                                   "(outputs/train/<run>)")
+      for main, command, extra in ((cli.evaluate_main, "transformer-evaluate", []),
+                                   (cli.translate_main, "transformer-translate", []),
+                                   (cli.serve_main, "transformer-serve", []),
+                                   (cli.export_main, "transformer-export", ["out_dir=out"]))],
+])
+def test_a_failure_once_started_is_logged_under_the_command_s_name(monkeypatch, tmp_path, capsys, main, command,
+                                                                   argv, message) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [command, *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    console = capsys.readouterr()
+    lines = [line for line in (console.out + console.err).splitlines() if "ERROR" in line]
+    assert exited.value.code == 1 and len(lines) == 1, lines
+    assert re.fullmatch(rf"(\[[^]]+\]\[{command}\]\[ERROR\] - |\[ERROR\] {command}: ){re.escape(message)}", lines[0])
+
+
 def test_the_command_gets_the_typed_config_and_its_result_is_returned(compose_config) -> None:
     seen = []
 
@@ -144,8 +168,15 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                             "KEY=VALUE, did you mean training.max_steps=30? (--help lists them)"),
     (cli.serve_main, ["--port=9000"], "--port: not a flag of transformer-command; settings are given as KEY=VALUE, "
                                       "did you mean port=9000? (--help lists them)"),
-    (cli.train_main, ["-q"], "-q: not a flag of transformer-command; settings are given as KEY=VALUE, e.g. "
-                             "training.max_steps=30 (--help lists them)"),
+    (cli.train_main, ["-q"], "-q: not a flag of transformer-command; settings are given as KEY=VALUE (--help lists "
+                             "them)"),
+    (cli.train_main, ["--precision", "bf16"], "--precision: not a flag of transformer-command; settings are given as "
+                                              "KEY=VALUE, did you mean training.precision=bf16 or eval.precision=bf16? "
+                                              "(--help lists them)"),
+    (cli.train_main, ["--training.max-steps", "3"], "--training.max-steps: not a flag of transformer-command; settings "
+                                                    "are given as KEY=VALUE, did you mean training.max_steps=3? (--help "
+                                                    "lists them)"),
+    (cli.train_main, ["--", "max_steps=3"], "max_steps: no such setting; did you mean training.max_steps?"),
     (cli.train_main, ["--multi", "--cfg", "job"], "--multi: give the flag's whole name, --multirun"),
 ])
 def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_one_line(

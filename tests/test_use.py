@@ -196,8 +196,8 @@ def test_lines_without_a_token_the_model_reads_are_warned_of_apart(caplog):
         assert translate_io.warn_of_empty_translations(lines, nbest, first_line_no=11,
                                                        reads=lambda line: "\u200b" not in line)
     assert [record.getMessage() for record in caplog.records] == [
-        "2 non-blank line(s) have no token the model reads, so their translation is empty (line 12, 14): their "
-        "characters are none the source vocabulary keeps",
+        "2 non-blank line(s) have no token the model reads, so their translation is empty (line 12, 14): the source "
+        "tokenizer drops every character of them (zero-width or control characters)",
         "1 of 2 non-blank lines got an empty translation (line 13): the model ends its translations at once, as one "
         "trained for a few steps does (debug=cpu_tiny); transformer-evaluate gives its BLEU"]
 

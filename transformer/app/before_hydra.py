@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from hydra.errors import HydraException
 
-from transformer.app.schemas import refuse_unknown_overrides
+from transformer.app.schemas import refuse_unknown_overrides, settings_named
 from transformer.config import ConfigError
 from transformer.overrides import override_value
 
@@ -62,22 +62,23 @@ HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--re
 
 
 def refuse_unknown_flags(argv: list[str], schema: type | None, command: str) -> None:
-    """Exit in one line naming a flag that Hydra lacks (``--max-steps 30``), with the setting it may mean
+    """Exit in one line naming a flag that Hydra lacks (``--max-steps 30``), with the settings it may mean
     (``training.max_steps=30``): Hydra would print its usage and name the value as an unrecognized argument."""
     for i, arg in enumerate(argv):
         name = flag(arg)
+        if arg == "--":  # the end of the flags: overrides follow
+            return
         if not arg.startswith("-") or name in HYDRA_FLAGS:
             continue
         whole = [known for known in HYDRA_FLAGS if known.startswith("--") and known.startswith(name)]
         if name.startswith("--") and len(whole) == 1:
             sys.exit(f"{name}: give the flag's whole name, {whole[0]}")
-        from transformer.app.schemas import settings_named
-
         value = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1]
                                           and not argv[i + 1].startswith("-") else "VALUE")
-        meant = settings_named(schema, [name.lstrip("-").replace("-", "_")]) if schema is not None else []
-        hint = f"did you mean {meant[0]}={value}?" if len(meant) == 1 else "e.g. training.max_steps=30"
-        sys.exit(f"{name}: not a flag of {command}; settings are given as KEY=VALUE, {hint} (--help lists them)")
+        tail = name.lstrip("-").replace("-", "_").split(".")  # --training.max-steps: training.max_steps
+        meant = settings_named(schema, tail) if schema is not None else []
+        hint = f", did you mean {' or '.join(f'{key}={value}' for key in meant[:3])}?" if meant else ""
+        sys.exit(f"{name}: not a flag of {command}; settings are given as KEY=VALUE{hint} (--help lists them)")
 
 
 def refuse_malformed_overrides(argv: list[str]) -> None:

@@ -405,10 +405,11 @@ def recipe_main() -> None:
             else:
                 recipes.diversified(options, plan)
     except KeyboardInterrupt as interrupted:  # RecipeInterrupted, or an interrupt outside the runs' training
-        log.error("%s", str(interrupted) or "interrupted: run the recipe again, with the same overrides, to resume")
+        said = str(interrupted) or "interrupted: run the recipe again, with the same overrides, to resume"
+        logging.getLogger("transformer-recipe").error("%s", said)  # the line names the command
         sys.exit(130)
     except (RunFailed, *user_errors()) as error:
-        log.error("%s", error)
+        logging.getLogger("transformer-recipe").error("%s", error)
         sys.exit(1)
 
 

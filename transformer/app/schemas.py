@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,7 +253,7 @@ def settings_named(schema: type, tail: list[str], prefix: str = "") -> list[str]
     setting typed without its group, or under another one, lives."""
     found = []
     for field, kind in typing.get_type_hints(schema).items():
-        if typing.get_origin(kind) is typing.Union:  # Optional[SomeConfig]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # Optional[SomeConfig], SomeConfig | None
             kind = next((option for option in typing.get_args(kind) if option is not type(None)), kind)
         if dataclasses.is_dataclass(kind):
             found += settings_named(kind, tail, f"{prefix}{field}.")
@@ -282,10 +283,11 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
                 if depth == 0 and part in groups and not prefix:
                     break
                 names = known + sorted(set(groups) - set(known)) if depth == 0 and not prefix else known
-                elsewhere = [] if prefix.startswith("hydra.") else settings_named(schema, parts[depth:])
                 nearest = [f"{prefix}{name}" for name in difflib.get_close_matches(part, names, n=1)]
-                if elsewhere or nearest:  # the setting under another group (max_steps: training.max_steps) first
-                    hint = f"did you mean {' or '.join((elsewhere or nearest)[:3])}?"
+                # and the setting under another group, or typed without one (max_steps: training.max_steps)
+                elsewhere = [] if prefix.startswith("hydra.") else settings_named(schema, parts[depth:])
+                if meant := list(dict.fromkeys(nearest + elsewhere)):
+                    hint = f"did you mean {' or '.join(meant[:3])}?"
                 else:
                     hint = f"the settings here: {', '.join(names)}"
                 raise ConfigError(f"{prefix}{part}: no such setting; {hint}")

@@ -186,7 +186,7 @@ def warn_of_empty_translations(lines: list[str], nbest: list[list[str]], first_l
                                reads: Callable[[str], bool] = bool) -> bool:
     """Warn when lines with words got an empty best translation: what an undertrained model gives (it ends every
     hypothesis at once), which printed alone looks like a command that did nothing; or what a line gets that has no
-    token the model reads (``reads(line)`` false: only characters its vocabulary drops, such as a zero-width space),
+    token the model reads (``reads(line)`` false: only characters its tokenizer drops, such as a zero-width space),
     said apart. One warning names each kind's lines; returns whether there was one."""
     empty = [(line_no, reads(line)) for line_no, (line, candidates) in enumerate(zip(lines, nbest),
                                                                                  start=first_line_no)
@@ -195,7 +195,8 @@ def warn_of_empty_translations(lines: list[str], nbest: list[list[str]], first_l
     ended = [line_no for line_no, read in empty if read]
     if unread:
         log.warning("%d non-blank line(s) have no token the model reads, so their translation is empty (line %s): "
-                    "their characters are none the source vocabulary keeps", len(unread), _shown(unread))
+                    "the source tokenizer drops every character of them (zero-width or control characters)",
+                    len(unread), _shown(unread))
     if ended:
         log.warning("%d of %d non-blank lines got an empty translation (line %s): the model ends its translations "
                     "at once, as one trained for a few steps does (debug=cpu_tiny); transformer-evaluate gives its "

@@ -9,17 +9,15 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from transformer.app.schemas import shipped_folder
+
 REFERENCE = "reference"  # docs/reference/configuration.md, made anew
 BESIDE_THE_GUIDE = ("troubleshooting", "api")  # pages of docs/ that the guide's pages send a user to
 
 
 def docs_root() -> Path:
     """The documentation's folder: the source tree's ``docs/``, else the wheel's packaged copy of its pages."""
-    package = Path(__file__).resolve().parents[1]
-    source_tree = package.parent
-    if (source_tree / "docs" / "guide").is_dir() and (source_tree / "pyproject.toml").is_file():
-        return source_tree / "docs"
-    return package / "docs"
+    return shipped_folder("docs", "guide")
 
 
 def pages(root: Path | None = None) -> dict[str, Path]:

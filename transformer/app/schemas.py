@@ -29,13 +29,19 @@ from transformer.config import (
 )
 
 
-def config_root() -> Path:
-    """The folder of the YAML configs: the source tree's ``configs/``, else the wheel's packaged copy."""
+def shipped_folder(name: str, marker: str) -> Path:
+    """The source tree's top-level folder ``name`` (holding ``marker``) when the package runs from a source tree (an
+    editable install, or ``PYTHONPATH``), else the copy of it a wheel installs inside the package."""
     package = Path(__file__).resolve().parents[1]
     source_tree = package.parent
-    if (source_tree / "configs" / "train.yaml").is_file() and (source_tree / "pyproject.toml").is_file():
-        return source_tree / "configs"
-    return package / "configs"
+    if (source_tree / name / marker).exists() and (source_tree / "pyproject.toml").is_file():
+        return source_tree / name
+    return package / name
+
+
+def config_root() -> Path:
+    """The folder of the YAML configs: the source tree's ``configs/``, else the wheel's packaged copy."""
+    return shipped_folder("configs", "train.yaml")
 
 
 # An absolute path: Hydra would otherwise look for a Python package named ``configs``.

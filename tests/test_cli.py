@@ -178,6 +178,10 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                                     "lists them)"),
     (cli.train_main, ["--", "max_steps=3"], "max_steps: no such setting; did you mean training.max_steps?"),
     (cli.train_main, ["--multi", "--cfg", "job"], "--multi: give the flag's whole name, --multirun"),
+    *[(main, [*argv, "-c", "job", "--resolve"], "--resolve: output_dir is the run folder, which a command that only "
+                                                "shows its config does not make; give output_dir=DIR to resolve with "
+                                                "it, or leave --resolve out")
+      for main, argv in ((cli.train_main, []), (cli.evaluate_main, ["run_dir=x"]), (cli.benchmark_main, []))],
 ])
 def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_one_line(
         monkeypatch, tmp_path, main, argv, message) -> None:

@@ -179,6 +179,16 @@ def refuse_unknown_options(argv: list[str], root_config: Path) -> None:
         sys.exit(refusal)
 
 
+def refuse_resolving_the_run_folder(argv: list[str], root_config: Path) -> None:
+    """Exit in one line when ``--cfg ... --resolve`` would resolve ``output_dir``, which the root config takes from
+    the run folder Hydra makes: showing a config makes none, and OmegaConf would end in a traceback."""
+    shows = any(flag(arg) in ("-c", "--cfg") for arg in argv) and "--resolve" in argv
+    if shows and "${hydra:runtime.output_dir}" in root_config.read_text(encoding="utf-8") and not any(
+            arg.lstrip("+").startswith("output_dir=") for arg in argv):
+        sys.exit("--resolve: output_dir is the run folder, which a command that only shows its config does not make; "
+                 "give output_dir=DIR to resolve with it, or leave --resolve out")
+
+
 def unknown_option(overrides: list[str], root_config: Path) -> str | None:
     """The refusal of the first ``GROUP=OPTION`` of ``overrides`` whose option the group's folder beside
     ``root_config`` lacks, naming the nearest option and all of them; None when every option is there."""

@@ -252,6 +252,7 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
         if schema is not None:
             before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
+            before_hydra.refuse_resolving_the_run_folder(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
     before_hydra.refuse_unwritable_run_folders(sys.argv[1:])
     before_hydra.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

@@ -163,17 +163,25 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
     (cli.train_main, ["training.beam_size=4"], "training.beam_size: no such setting; did you mean eval.beam_size?"),
     (cli.train_main, ["model.tokenizer.vocab_size=4"],
      "model.tokenizer: no such setting; did you mean data.tokenizer.vocab_size?"),
+    # another toolkit's name for a setting: the setting here, the group typed first
+    (cli.train_main, ["training.batch_size=64"], "training.batch_size: no such setting; did you mean "
+                                                  "training.max_tokens or eval.batch_size?"),
+    (cli.train_main, ["model.layers=3"], "model.layers: no such setting; did you mean model.n_encoder_layers or "
+                                         "model.n_decoder_layers?"),
+    (cli.train_main, ["model.hidden_size=64"], "model.hidden_size: no such setting; did you mean model.d_model?"),
+    (cli.train_main, ["--learning-rate", "3e-4"], "--learning-rate: no such flag; settings are given as KEY=VALUE, "
+                                                  "did you mean training.lr=3e-4? (--help lists them)"),
     # flags Hydra lacks: the setting meant, as KEY=VALUE
-    (cli.train_main, ["--max-steps", "30"], "--max-steps: not a flag of transformer-command; settings are given as "
+    (cli.train_main, ["--max-steps", "30"], "--max-steps: no such flag; settings are given as "
                                             "KEY=VALUE, did you mean training.max_steps=30? (--help lists them)"),
-    (cli.serve_main, ["--port=9000"], "--port: not a flag of transformer-command; settings are given as KEY=VALUE, "
+    (cli.serve_main, ["--port=9000"], "--port: no such flag; settings are given as KEY=VALUE, "
                                       "did you mean port=9000? (--help lists them)"),
-    (cli.train_main, ["-q"], "-q: not a flag of transformer-command; settings are given as KEY=VALUE (--help lists "
+    (cli.train_main, ["-q"], "-q: no such flag; settings are given as KEY=VALUE (--help lists "
                              "them)"),
-    (cli.train_main, ["--precision", "bf16"], "--precision: not a flag of transformer-command; settings are given as "
+    (cli.train_main, ["--precision", "bf16"], "--precision: no such flag; settings are given as "
                                               "KEY=VALUE, did you mean training.precision=bf16 or eval.precision=bf16? "
                                               "(--help lists them)"),
-    (cli.train_main, ["--training.max-steps", "3"], "--training.max-steps: not a flag of transformer-command; settings "
+    (cli.train_main, ["--training.max-steps", "3"], "--training.max-steps: no such flag; settings "
                                                     "are given as KEY=VALUE, did you mean training.max_steps=3? (--help "
                                                     "lists them)"),
     (cli.train_main, ["--", "max_steps=3"], "max_steps: no such setting; did you mean training.max_steps?"),
@@ -189,7 +197,7 @@ def test_a_mistyped_key_or_value_on_the_command_line_is_refused_before_hydra_in_
     monkeypatch.setattr(sys, "argv", ["transformer-command", *argv])
     with pytest.raises(SystemExit) as exit_info:
         main()
-    assert exit_info.value.code == message  # sys.exit(message): printed to stderr, exit status 1
+    assert exit_info.value.code == f"transformer-command: {message}"  # printed to stderr, exit status 1
     assert not list(tmp_path.iterdir())  # nothing written: no run folder, no log
 
 
@@ -215,7 +223,7 @@ def test_a_run_folder_under_a_file_is_refused_by_every_command_before_hydra(monk
     monkeypatch.setattr(sys, "argv", ["transformer-command", "hydra.run.dir=afile/run"])
     with pytest.raises(SystemExit) as exit_info:
         main()
-    assert exit_info.value.code == "hydra.run.dir: afile is a file, not a folder (on the way to afile/run); name " \
+    assert exit_info.value.code == "transformer-command: hydra.run.dir: afile is a file, not a folder (on the way to afile/run); name " \
                                    "another folder"
 
 
@@ -337,7 +345,8 @@ def test_a_recipe_refuses_a_bad_override_or_option_before_any_run(monkeypatch, t
     monkeypatch.setattr(sys, "argv", ["transformer-recipe", "ensemble", str(tmp_path / "out"), *args])
     with pytest.raises(SystemExit) as exited:
         cli.recipe_main()
-    assert exited.value.code == message or capsys.readouterr().err.splitlines()[-1] == message
+    said = exited.value.code if isinstance(exited.value.code, str) else capsys.readouterr().err.splitlines()[-1]
+    assert said == (message if message.startswith("transformer-recipe: ") else f"transformer-recipe: {message}")
     assert not (tmp_path / "out").exists()
 
 
@@ -522,7 +531,8 @@ def test_a_sweep_with_a_bad_job_is_refused_before_its_first_job_starts(toy_corpu
                                                                        argv, message) -> None:
     common = [*SWEPT, f"data.dir={toy_corpus}"] if command == "train" else ["eval=greedy"]
     done = _command(tmp_path, command, "-m", *common, *argv)
-    assert done.returncode == 1 and done.stderr.splitlines() == [message] and done.stdout == ""
+    assert done.returncode == 1 and done.stderr.splitlines() == [f"transformer-{command}: {message}"]
+    assert done.stdout == ""
     assert sorted(path.name for path in tmp_path.iterdir()) == ["toy"]  # no sweep folder, no data cache: no job ran
 
 

@@ -61,7 +61,7 @@ HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--re
                "--config-dir", "--experimental-rerun", "-i", "--info")
 
 
-def refuse_unknown_flags(argv: list[str], schema: type | None, command: str) -> None:
+def refuse_unknown_flags(argv: list[str], schema: type | None) -> None:
     """Exit in one line naming a flag that Hydra lacks (``--max-steps 30``), with the settings it may mean
     (``training.max_steps=30``): Hydra would print its usage and name the value as an unrecognized argument."""
     for i, arg in enumerate(argv):
@@ -78,7 +78,7 @@ def refuse_unknown_flags(argv: list[str], schema: type | None, command: str) -> 
         tail = name.lstrip("-").replace("-", "_").split(".")  # --training.max-steps: training.max_steps
         meant = settings_named(schema, tail) if schema is not None else []
         hint = f", did you mean {' or '.join(f'{key}={value}' for key in meant[:3])}?" if meant else ""
-        sys.exit(f"{name}: not a flag of {command}; settings are given as KEY=VALUE{hint} (--help lists them)")
+        sys.exit(f"{name}: no such flag; settings are given as KEY=VALUE{hint} (--help lists them)")
 
 
 def refuse_malformed_overrides(argv: list[str]) -> None:

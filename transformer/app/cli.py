@@ -21,7 +21,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from transformer.app import before_hydra, schemas, sweeps
 from transformer.app.before_hydra import overrides_given
-from transformer.app.failures import PATH_ERRORS, path_error_line, run_command, said_by_rank_0, user_errors
+from transformer.app.failures import (
+    PATH_ERRORS,
+    named_by_the_command,
+    path_error_line,
+    run_command,
+    said_by_rank_0,
+    user_errors,
+)
 from transformer.app.schemas import CONFIG_PATH
 from transformer.overrides import merge_overrides, override_value
 
@@ -246,7 +253,7 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
         sys.exit(0)
     schemas.register_configs()
     with said_by_rank_0():  # the command line and the config files: the same on every rank
-        before_hydra.refuse_unknown_flags(sys.argv[1:], schema, Path(sys.argv[0]).name)
+        before_hydra.refuse_unknown_flags(sys.argv[1:], schema)
         before_hydra.refuse_malformed_overrides(sys.argv[1:])
         before_hydra.refuse_malformed_yaml(sys.argv[1:], Path(CONFIG_PATH))
         if schema is not None:
@@ -297,6 +304,7 @@ def _checked_training(cfg: DictConfig) -> Any:
     return typed
 
 
+@named_by_the_command
 def train_main() -> None:
     _setup(schemas.TrainConfig, "train", _checked_training)
     with said_by_rank_0():
@@ -308,37 +316,44 @@ def train_main() -> None:
     _train()
 
 
+@named_by_the_command
 def evaluate_main() -> None:
     _setup(schemas.EvaluateConfig, "evaluate", _checked_source)
     before_hydra.refuse_a_taken_run_dir("evaluate", sys.argv[1:])
     _evaluate()
 
 
+@named_by_the_command
 def translate_main() -> None:
     _setup(schemas.TranslateConfig, "translate", _checked_source)
     _translate()
 
 
+@named_by_the_command
 def serve_main() -> None:
     _setup(schemas.ServeConfig, "serve", _checked_source)
     _serve()
 
 
+@named_by_the_command
 def diversify_main() -> None:
     _setup(schemas.DiversifyConfig, "diversify")
     _diversify()
 
 
+@named_by_the_command
 def prepare_data_main() -> None:
     _setup(schemas.PrepareDataConfig, "prepare_data")
     _prepare_data()
 
 
+@named_by_the_command
 def export_main() -> None:
     _setup(schemas.ExportConfig, "export")
     _export()
 
 
+@named_by_the_command
 def benchmark_main() -> None:
     _setup(schemas.BenchmarkConfig, "benchmark")
     _benchmark()
@@ -368,6 +383,7 @@ def average_main() -> None:
         sys.exit(f"transformer-average: {path_error_line(error)}")
 
 
+@named_by_the_command
 def recipe_main() -> None:
     """``transformer-recipe ensemble|diversified|best_gpu OUT_DIR [OVERRIDES...] [options]``: several trainings and
     what is made of them (:mod:`transformer.app.recipes`)."""

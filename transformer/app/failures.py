@@ -5,6 +5,7 @@ traceback. The run folder Hydra made for a command refused at once is removed ag
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -42,6 +43,24 @@ def command_log() -> logging.Logger:
 
     name = HydraConfig.get().job.name if HydraConfig.initialized() else None
     return logging.getLogger(f"transformer-{name.replace('_', '-')}" if name else "transformer")
+
+
+def named_by_the_command(main: Callable[[], None]) -> Callable[[], None]:
+    """``main`` whose refusals made before Hydra starts (``sys.exit(message)``) begin with the command's name, as
+    ``transformer-train: max_steps: no such setting; ...``: as the errors met once it has started are logged under
+    it, and as a shell script that runs several commands needs to tell which one refused."""
+
+    @functools.wraps(main)
+    def named() -> None:
+        try:
+            main()
+        except SystemExit as refusal:
+            name = Path(sys.argv[0]).name
+            if isinstance(refusal.code, str) and not refusal.code.startswith(f"{name}: "):
+                raise SystemExit(f"{name}: {refusal.code}") from None
+            raise
+
+    return named
 
 
 def run_command(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool = True,

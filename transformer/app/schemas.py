@@ -254,15 +254,46 @@ def refuse_unknown_keys(config: Any, prefix: str = "") -> None:
         refuse_unknown_keys(getattr(config, name), f"{prefix}{name}.")
 
 
-def settings_named(schema: type, tail: list[str], prefix: str = "") -> list[str]:
-    """The dotted keys of ``schema`` that end in ``tail`` (``["max_steps"]``: ``training.max_steps``): where a
-    setting typed without its group, or under another one, lives."""
+# What other toolkits (OpenNMT-py, fairseq, Hugging Face) call a setting, by the names here: a key refused for its
+# name is answered with the setting meant (training.batch_size: training.max_tokens, as training batches by tokens).
+NAMES_ELSEWHERE = {
+    "batch_size": ("max_tokens",),
+    "learning_rate": ("lr",),
+    "epochs": ("max_epochs",),
+    "train_steps": ("max_steps",),
+    "max_update": ("max_steps",),
+    "warmup": ("warmup_steps",),
+    "hidden_size": ("d_model",),
+    "embed_dim": ("d_model",),
+    "heads": ("n_heads",),
+    "num_heads": ("n_heads",),
+    "transformer_ff": ("d_ff",),
+    "ffn_dim": ("d_ff",),
+    "dim_feedforward": ("d_ff",),
+    "layers": ("n_encoder_layers", "n_decoder_layers"),
+    "num_layers": ("n_encoder_layers", "n_decoder_layers"),
+    "fp16": ("precision",),
+    "bf16": ("precision",),
+    "amp": ("precision",),
+    "beam": ("beam_size",),
+}
+
+
+def settings_named(schema: type, tail: list[str]) -> list[str]:
+    """The dotted keys of ``schema`` that end in ``tail`` (``["max_steps"]``: ``training.max_steps``), then those
+    that end in what ``tail``'s last name is called here (``NAMES_ELSEWHERE``): where a setting typed without its
+    group, under another one, or by another toolkit's name, lives."""
+    ours = [[*tail[:-1], name] for name in NAMES_ELSEWHERE.get(tail[-1], ())]
+    return list(dict.fromkeys(key for wanted in (tail, *ours) for key in _keys_ending_in(schema, wanted)))
+
+
+def _keys_ending_in(schema: type, tail: list[str], prefix: str = "") -> list[str]:
     found = []
     for field, kind in typing.get_type_hints(schema).items():
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # Optional[SomeConfig], SomeConfig | None
             kind = next((option for option in typing.get_args(kind) if option is not type(None)), kind)
         if dataclasses.is_dataclass(kind):
-            found += settings_named(kind, tail, f"{prefix}{field}.")
+            found += _keys_ending_in(kind, tail, f"{prefix}{field}.")
         elif f"{prefix}{field}".split(".")[-len(tail):] == tail:
             found.append(f"{prefix}{field}")
     return found
@@ -292,6 +323,7 @@ def refuse_unknown_overrides(schema: type, argv: list[str], groups: Collection[s
                 nearest = [f"{prefix}{name}" for name in difflib.get_close_matches(part, names, n=1)]
                 # and the setting under another group, or typed without one (max_steps: training.max_steps)
                 elsewhere = [] if prefix.startswith("hydra.") else settings_named(schema, parts[depth:])
+                elsewhere.sort(key=lambda found: not found.startswith(prefix))  # the group typed first
                 if meant := list(dict.fromkeys(nearest + elsewhere)):
                     hint = f"did you mean {' or '.join(meant[:3])}?"
                 else:

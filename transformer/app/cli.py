@@ -17,9 +17,8 @@ from typing import Any, Callable
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from transformer.app import before_hydra, schemas, sweeps
+from transformer.app import before_hydra, run_folder, schemas, sweeps
 from transformer.app.before_hydra import overrides_given
 from transformer.app.failures import (
     PATH_ERRORS,
@@ -29,90 +28,10 @@ from transformer.app.failures import (
     said_by_rank_0,
     user_errors,
 )
+from transformer.app.resumed import with_recipe
 from transformer.app.schemas import CONFIG_PATH
-from transformer.overrides import merge_overrides, override_value
 
 log = logging.getLogger(__name__)
-
-
-def _resume_auto(cfg: DictConfig, hydra_cfg: Any) -> str | None:
-    """``resume=auto``: the run in ``hydra.run.dir`` when it has a checkpoint (``last.pt``, else its newest
-    ``step_N.pt``), else None (a new run there). What ``torchrun --max-restarts`` needs: it restarts the same
-    command line."""
-    from transformer.checkpoint import STEP_FILE, RunDir
-    from transformer.config import ConfigError
-
-    if "hydra.run.dir" not in overrides_given(list(hydra_cfg.overrides.hydra)):
-        raise ConfigError("resume: auto continues the run in hydra.run.dir; name that folder (hydra.run.dir=DIR), "
-                          "else each start makes a new one")
-    run = RunDir(Path(hydra_cfg.runtime.output_dir))
-    steps = sorted((int(m.group(1)), p) for p in run.checkpoints.glob("step_*.pt") if (m := STEP_FILE.match(p.name)))
-    if run.last.is_file() or steps:
-        target = run.root if run.last.is_file() else steps[-1][1]
-        log.info("resume=auto: continuing %s", run.last if run.last.is_file() else target)
-        return str(target)
-    log.info("resume=auto: no checkpoint in %s yet; starting the run", run.root)
-    return None
-
-
-def _with_recipe(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
-    """This command's config and the run's recipe: the command-line overrides that define a run, kept in its
-    checkpoints. A new run's recipe is this command's overrides. With ``resume=RUN`` it is RUN's recipe with this
-    command's overrides on top, and the config is composed from it anew, so a run of any recipe continues with
-    just ``resume=RUN`` (plus whatever should change, e.g. ``training.max_epochs``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from transformer.training.resume import saved_recipe
-
-    now = OmegaConf.to_container(HydraConfig.get().overrides.task, resolve=False)  # as typed: ${...} kept
-    if cfg.resume == "auto":
-        cfg.resume = _resume_auto(cfg, HydraConfig.get())
-    if cfg.resume is None:
-        return cfg, merge_overrides([], now)
-    earlier = saved_recipe(cfg.resume)
-    if earlier is None:
-        log.warning("%s: no recipe kept with this run; resuming with this command's config alone", cfg.resume)
-        return cfg, merge_overrides([], now)
-    recipe = merge_overrides(earlier, now)
-    log.info("resuming with the run's recipe, this command's overrides on top: %s", " ".join(recipe))
-    resume = [f"resume={override_value(cfg.resume)}"]  # auto: resolved
-    composed = hydra.compose(config_name="train", overrides=recipe + resume)
-    _anchor_corpus_folders(composed, now, cfg.resume)
-    _refuse_moved_corpus(composed, now, cfg.resume)
-    try:
-        composed.model.glove.path  # ${oc.env:GLOVE_PATH} in the GloVe models: unset in this shell, maybe
-    except OmegaConfBaseException:
-        composed.model.glove.path = None  # read only when a run starts: the vectors are in the resumed weights
-    return composed, recipe
-
-
-def _anchor_corpus_folders(composed: DictConfig, now: list[str], resume: str) -> None:
-    """A recipe's corpus folder named relative (as typed, ``data.dir=toy``) means the one under the folder the run
-    started in: where this command runs from elsewhere, take it from the checkpoint, which records it absolute."""
-    from transformer.training.resume import saved_folders
-
-    given = {override.split("=")[0].lstrip("+~") for override in now}
-    for key, folder in saved_folders(resume).items():
-        name = key.removeprefix("data.")
-        value = composed.data.get(name)
-        if key not in given and value is not None and not Path(value).is_absolute() and Path(folder).is_absolute():
-            composed.data[name] = folder
-
-
-def _refuse_moved_corpus(composed: DictConfig, now: list[str], resume: str) -> None:
-    """A resumed run's own corpus folder (``data.dir`` of a custom corpus, ``data.train_dir``) that is gone: say
-    how to name where it went, unless this command names a folder itself."""
-    from transformer.config import ConfigError, CorpusKind
-
-    folders = {"data.train_dir": composed.data.get("train_dir")}
-    if composed.data.get("corpus") == CorpusKind.custom:
-        folders["data.dir"] = composed.data.get("dir")
-    given = {override.split("=")[0].lstrip("+~") for override in now}
-    for key, folder in folders.items():
-        if folder is not None and key not in given and not Path(folder).is_dir():
-            raise ConfigError(f"{key}={folder}: directory not found: the run {resume} was trained on the corpus "
-                              f"there; if it moved, name its new folder: resume={override_value(resume)} {key}=NEW "
-                              "(the run checks that it holds the same training pairs)")
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base="1.3")
@@ -122,7 +41,7 @@ def _train(cfg: DictConfig) -> float | None:
     def train(cfg: DictConfig) -> dict:
         _say_what_debug_replaces()
         with said_by_rank_0():
-            cfg, recipe = _with_recipe(cfg)
+            cfg, recipe = with_recipe(cfg)
             typed = _typed(cfg)
         return pipeline.train(typed, recipe)
 
@@ -260,8 +179,8 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
             before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_resolving_the_run_folder(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
-    before_hydra.refuse_unwritable_run_folders(sys.argv[1:])
-    before_hydra.name_a_full_disk_under_hydras_snapshot()
+    run_folder.refuse_unwritable_run_folders(sys.argv[1:])
+    run_folder.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop by kill or a scheduler: as Ctrl-C
@@ -298,7 +217,7 @@ def _checked_training(cfg: DictConfig) -> Any:
     first job would train for an hour before the next found its split missing)."""
     from transformer.data.splits import refuse_unknown_split
 
-    typed = _typed(_with_recipe(cfg)[0])
+    typed = _typed(with_recipe(cfg)[0])
     for split in (typed.data.train_split, typed.data.valid_split, typed.data.test_split):
         refuse_unknown_split(typed.data, split)
     return typed
@@ -308,18 +227,18 @@ def _checked_training(cfg: DictConfig) -> Any:
 def train_main() -> None:
     _setup(schemas.TrainConfig, "train", _checked_training)
     with said_by_rank_0():
-        before_hydra.refuse_a_taken_run_dir("train", sys.argv[1:])
-    sys.argv = before_hydra.the_resumed_recipe_shown(sys.argv)
-    sys.argv = before_hydra.with_overrides(sys.argv, before_hydra.resume_in_its_run_dir(sys.argv[1:]))
-    sys.argv = before_hydra.with_overrides(sys.argv, before_hydra.as_a_rank_above_0(sys.argv[1:]))
-    before_hydra.refuse_a_held_run_dir(sys.argv[1:])
+        run_folder.refuse_a_taken_run_dir("train", sys.argv[1:])
+    sys.argv = run_folder.the_resumed_recipe_shown(sys.argv)
+    sys.argv = run_folder.with_overrides(sys.argv, run_folder.resume_in_its_run_dir(sys.argv[1:]))
+    sys.argv = run_folder.with_overrides(sys.argv, run_folder.as_a_rank_above_0(sys.argv[1:]))
+    run_folder.refuse_a_held_run_dir(sys.argv[1:])
     _train()
 
 
 @named_by_the_command
 def evaluate_main() -> None:
     _setup(schemas.EvaluateConfig, "evaluate", _checked_source)
-    before_hydra.refuse_a_taken_run_dir("evaluate", sys.argv[1:])
+    run_folder.refuse_a_taken_run_dir("evaluate", sys.argv[1:])
     _evaluate()
 
 
@@ -398,7 +317,7 @@ def recipe_main() -> None:
         parser.error("give a recipe and its folder, e.g. transformer-recipe ensemble outputs/ensemble")
     if args.parallel is not None and args.parallel < 1:
         parser.error(f"--parallel: runs at once must be >= 1, got {args.parallel}")
-    before_hydra.refuse_an_unwritable_folder("OUT_DIR", Path(args.out_dir))
+    run_folder.refuse_an_unwritable_folder("OUT_DIR", Path(args.out_dir))
     before_hydra.refuse_malformed_overrides(list(args.overrides))
     before_hydra.refuse_mistyped_keys(schemas.TrainConfig, list(args.overrides), Path(CONFIG_PATH) / "train.yaml")
     before_hydra.refuse_unknown_options(list(args.overrides), Path(CONFIG_PATH) / "train.yaml")

@@ -289,13 +289,13 @@ def settings_named(schema: type, tail: list[str]) -> list[str]:
 
 def _keys_ending_in(schema: type, tail: list[str], prefix: str = "") -> list[str]:
     found = []
-    for field, kind in typing.get_type_hints(schema).items():
+    for name, kind in typing.get_type_hints(schema).items():
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # Optional[SomeConfig], SomeConfig | None
             kind = next((option for option in typing.get_args(kind) if option is not type(None)), kind)
         if dataclasses.is_dataclass(kind):
-            found += _keys_ending_in(kind, tail, f"{prefix}{field}.")
-        elif f"{prefix}{field}".split(".")[-len(tail):] == tail:
-            found.append(f"{prefix}{field}")
+            found += _keys_ending_in(kind, tail, f"{prefix}{name}.")
+        elif f"{prefix}{name}".split(".")[-len(tail):] == tail:
+            found.append(f"{prefix}{name}")
     return found
 
 

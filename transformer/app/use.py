@@ -14,7 +14,7 @@ import torch
 
 from transformer import checkpoint as ckpt
 from transformer import files
-from transformer.app.before_hydra import results_in
+from transformer.app.run_folder import results_in
 from transformer.app.schemas import EvaluateConfig, ExportConfig, TranslateConfig
 from transformer.app.translate_io import (
     check_output_file,

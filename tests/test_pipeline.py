@@ -136,7 +136,8 @@ def test_a_run_folder_another_process_trains_in_is_refused_until_it_ends(compose
         for args in ([f"resume={run.root}"], ["resume=auto", f"hydra.run.dir={run.root}"]):  # from the command line
             done = subprocess.run([sys.executable, "-m", "transformer", "train", *args], cwd=tmp_path,
                                   capture_output=True, text=True, timeout=120)
-            assert done.returncode == 1 and re.search(rf"^(resume|hydra.run.dir): {in_use}", done.stderr, re.M)
+            refused = rf"^transformer-train: (resume|hydra.run.dir): {in_use}"  # before Hydra: named by the command
+            assert done.returncode == 1 and re.search(refused, done.stderr, re.M)
         # refused before Hydra wrote into the folder
         assert ((run.root / "train.log").read_bytes() if (run.root / "train.log").exists() else None) == log
         assert {p.name: p.read_bytes() for p in (run.root / ".hydra").glob("*")} == hydra_record

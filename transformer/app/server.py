@@ -46,6 +46,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
 from transformer import files
+from transformer.app import openapi
 from transformer.app.batcher import Batcher
 from transformer.app.http_requests import (
     MAX_BEAM,
@@ -263,21 +264,12 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
         return JSONResponse({"error": f"the server failed: {type(error).__name__}: {error}", "field": None},
                             status_code=500)
 
-    @app.post("/translate", openapi_extra=_body_schema({
-        "text": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
-        "beam_size": {"type": "integer", "minimum": 1, "maximum": MAX_BEAM},
-        "n_best": {"type": "integer", "minimum": 1}}, ["text"]),
-        responses=_responses(TRANSLATED, 400, 403, 413, 415, 422))
+    @app.post("/translate", openapi_extra=openapi.TRANSLATE_BODY, responses=openapi.TRANSLATE_ANSWERS)
     async def translate(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request))
         return await unless_client_leaves(request, service.translate(body))
 
-    @app.post("/attention", openapi_extra=_body_schema(
-        {"source": {"type": "string"}, "target": {"type": "string"},
-         "target_pieces": {"type": "array", "items": {"type": "string"},
-                           "description": "the target as the pieces /translate returns (instead of target)"}},
-        ["source"]),
-        responses=_responses(ATTENDED, 400, 403, 413, 415, 422, 503))
+    @app.post("/attention", openapi_extra=openapi.ATTENTION_BODY, responses=openapi.ATTENTION_ANSWERS)
     async def attention(request: Request) -> dict[str, Any]:
         body = parse_body(await read_body(request))
         return await unless_client_leaves(request, service.attention(body))
@@ -300,42 +292,6 @@ def create_app(model: Model, cfg: ServeConfig) -> FastAPI:
                          "explore attention")
 
     return app
-
-
-_STRINGS = {"type": "array", "items": {"type": "string"}}
-_NUMBERS = {"type": "array", "items": {"type": "number"}}
-_MAPS = {"type": "array", "description": "[layer][head][query][key] attention weights",
-         "items": {"type": "array", "items": {"type": "array", "items": _NUMBERS}}}
-TRANSLATED = {"type": "object", "required": ["translations", "warnings"], "properties": {
-    "translations": {"type": "array", "description": "per sentence, its n_best translations, best first",
-                     "items": {"type": "array", "items": {"type": "object", "required": ["text", "score", "pieces"],
-                                                          "properties": {"text": {"type": "string"},
-                                                                         "score": {"type": "number"},
-                                                                         "pieces": _STRINGS}}}},
-    "warnings": _STRINGS}}
-ATTENDED = {"type": "object", "properties": {
-    "source_pieces": _STRINGS, "target_pieces": _STRINGS, "target_input_pieces": _STRINGS,
-    "encoder": _MAPS, "decoder": _MAPS, "cross": _MAPS, "warnings": _STRINGS}}
-_REFUSED = {400: "the body is not UTF-8 or not JSON", 403: "a browser sent it from a page of another site",
-            413: "the body, the sentences or the tokens exceed a limit",
-            415: "the body is declared as something other than JSON",
-            422: "a field is missing, of the wrong type or out of range", 503: "attention maps are not available"}
-
-
-def _responses(answer: dict[str, Any], *refusals: int) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI page's responses: the answer's schema, and each refusal in the ``{"error", "field"}`` shape."""
-    error = {"type": "object", "required": ["error", "field"],
-             "properties": {"error": {"type": "string"}, "field": {"type": ["string", "null"]}}}
-    return {200: {"description": "the answer", "content": {"application/json": {"schema": answer}}},
-            **{status: {"description": _REFUSED[status], "content": {"application/json": {"schema": error}}}
-               for status in refusals}}
-
-
-def _body_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    """The request body for the OpenAPI page (the handlers read and check the body themselves, to name the field
-    at fault in their own words)."""
-    schema = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 @contextmanager

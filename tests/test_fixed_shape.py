@@ -244,6 +244,7 @@ def test_fixed_shapes_are_the_default_on_a_gpu_only_where_they_can_run() -> None
     assert not searches_in_fixed_shapes(default, model, "cpu")  # carrying finished rows costs a CPU time
     assert not searches_in_fixed_shapes(default, Ensemble([model, model]), "cuda")  # one model only
     assert not searches_in_fixed_shapes(EvalConfig(use_cache=False), model, "cuda")  # the slots are the cache
+    assert not searches_in_fixed_shapes(EvalConfig(beam_size=1, sampling_topk=0), model, "cuda")  # it samples
     assert searches_in_fixed_shapes(EvalConfig(fixed_shape=True), model, "cpu")  # asked for: as asked
     assert not searches_in_fixed_shapes(EvalConfig(fixed_shape=False), model, "cuda")
 
@@ -266,6 +267,20 @@ def test_the_cuda_graphs_replay_the_fixed_shape_searches_on_a_gpu() -> None:
                                    **REAL)
         assert_same_hypotheses(fixed, ordinary, tolerance=1e-4)
         assert_same_nbest(fixed_shape_beam(model, src, cuda_graph=cuda_graph, **beams), ordinary_beams, tolerance=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_cuda_graphs_replay_the_fixed_shape_searches_of_a_bfloat16_model_on_a_gpu() -> None:
+    model, src = tiny_model().cuda().to(torch.bfloat16), varied_sources().cuda()  # eval.precision=bf16's copy
+    ordinary = greedy_hypotheses(model, src, length_penalty=0.6, length_norm=LengthNorm.gnmt, **REAL)
+    beams = dict(beam_size=4, n_best=2, length_penalty=1.5, length_norm=LengthNorm.gnmt, **REAL)
+    ordinary_beams = beam_search(model, src, **beams)
+    for cuda_graph in (False, True):  # the same kernels as the ordinary search's, in bfloat16 (on a CPU: exact)
+        fixed = fixed_shape_greedy(model, src, length_penalty=0.6, length_norm=LengthNorm.gnmt, cuda_graph=cuda_graph,
+                                   **REAL)
+        assert_same_hypotheses(fixed, ordinary, tolerance=5e-2)
+        assert_same_nbest(fixed_shape_beam(model, src, cuda_graph=cuda_graph, **beams), ordinary_beams, tolerance=5e-2)
 
 
 @pytest.mark.parametrize("at_once", [False, True])  # one layer at a time (a CPU's way), the whole block (a GPU's)
@@ -298,6 +313,16 @@ def test_the_stopping_rule_by_hand() -> None:
     bound = torch.full((5,), 0.4, dtype=torch.float64)
     assert _cannot_win(alive, n_finished, finished, bound, 1, LengthNorm.average).tolist() == [False, True, True,
                                                                                                True, True]
+
+
+def test_the_bfloat16_copy_of_a_training_model_leaves_its_gradients_behind() -> None:
+    from transformer.inference.translation import decoding_model
+
+    model = tiny_model()
+    model(varied_sources(), varied_sources()).sum().backward()  # as during training, at a validation
+    bf16 = decoding_model(model, Precision.bf16, "cpu")
+    assert all(p.grad is None and p.dtype == torch.bfloat16 for p in bf16.parameters())
+    assert all(p.grad is not None and p.dtype == torch.float32 for p in model.parameters() if p.requires_grad)
 
 
 @pytest.mark.slow

@@ -3,11 +3,14 @@ micro-batches; a non-finite step leaves the weights alone and says so."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 import torch
 
+from transformer.training.loss import projected_label_smoothed_sums
 from transformer.training.optim import build_optimizer
-from transformer.training.step import TrainStep
+from transformer.training.step import TrainStep, loss_chunk
 
 from toy_training import SINGLE, copy_pairs, tiny_model, toy_collate, training_config
 
@@ -83,3 +86,33 @@ def test_r_drop_without_dropout_is_the_plain_step():
     torch.testing.assert_close(twice_stats, plain_stats, rtol=1e-5, atol=1e-6)
     for name in plain:
         torch.testing.assert_close(twice[name], plain[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("r_drop", [0.0, 5.0])
+def test_a_compiled_step_takes_every_batch_in_one_chunk_so_a_new_batch_size_compiles_nothing_new(monkeypatch, r_drop):
+    monkeypatch.setattr(torch.fx.experimental._config, "use_duck_shape", False)  # as runtime.compile_for_training
+    cfg = training_config(compile=True, max_tokens=2048)
+    batches = [(30, 20), (35, 20), (40, 22)]  # 600 to 880 target positions: more than a CPU's chunk of 512
+
+    def graphs_compiled(chunk: int) -> int:
+        graphs = []
+
+        def counting(graph: torch.fx.GraphModule, inputs: list) -> Callable:
+            graphs.append(graph)
+            return graph.forward
+
+        torch._dynamo.reset()
+        loss = torch.compile(lambda hidden, weight, target: projected_label_smoothed_sums(
+            hidden, weight, None, target, smoothing=0.1, pad_id=0, chunk_size=chunk, dense=True,
+            consistency=r_drop), dynamic=True, backend=counting)
+        weight = torch.randn(50, 16, requires_grad=True)
+        for rows, length in batches:
+            rows *= 2 if r_drop else 1  # R-Drop: the batch twice
+            hidden, target = torch.randn(rows, length, 16, requires_grad=True), torch.randint(1, 50, (rows, length))
+            loss(hidden, weight, target)[0].backward()
+        torch._dynamo.reset()
+        return len(graphs)
+
+    assert graphs_compiled(loss_chunk(cfg, torch.device("cpu"))) == 1
+    assert graphs_compiled(loss_chunk(training_config(max_tokens=2048), torch.device("cpu"))) == len(batches)
+

@@ -31,7 +31,7 @@ from transformer.inference.attention_maps import check_indices, dump_attention
 from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
 from transformer.inference.metrics import corpus_scores
 from transformer.inference.sampling import generator
-from transformer.inference.translation import score_texts
+from transformer.inference.translation import decoding_model, score_texts
 from transformer.inference.translation import translate as translate_texts
 from transformer.inference.translator import Translator
 from transformer.runtime import choose_device
@@ -125,9 +125,10 @@ def translate(cfg: TranslateConfig) -> None:
     else:
         trained = load_model(cfg.run_dir, cfg.checkpoint, cfg.ensemble, device)
         random = generator(cfg.eval, device)  # sampling: the windows and typed lines go on drawing from one seed
+        searcher = decoding_model(trained.model, cfg.eval.precision, device)  # a bf16 copy made once, not a window
 
         def translate_lines(lines: list[str]) -> list[list[str]]:
-            return translate_texts(trained.model, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
+            return translate_texts(searcher, lines, trained.src_tok, trained.tgt_tok, cfg.eval, device,
                                    trained.model.max_positions, progress=len(lines) > 1, random=random)
     src_tok = translator.src_tok if cfg.export_dir is not None else trained.src_tok
 

@@ -125,7 +125,8 @@ def decoding_model(model: nn.Module, precision: Precision, device: torch.device 
     float32 before their log-softmax, so scores add up in float32 either way."""
     if not decodes_in_bf16(precision, device) or next(model.parameters()).dtype == torch.bfloat16:
         return model
-    return copy.deepcopy(model).to(torch.bfloat16)
+    no_gradients = {id(p.grad): None for p in model.parameters() if p.grad is not None}  # a training model's
+    return copy.deepcopy(model, memo=no_gradients).to(torch.bfloat16)
 
 
 def progress_bar(sentences: int, progress: bool) -> tqdm:
@@ -160,10 +161,11 @@ def _pad(seqs: list[list[int]], pad_id: int, device: torch.device | str) -> Tens
 
 def searches_in_fixed_shapes(cfg: EvalConfig, model: Decoder, device: torch.device | str) -> bool:
     """``eval.fixed_shape``, or when unset: on a GPU for a single model's cached search (the ordinary search's
-    translations, faster there), off elsewhere (on a CPU the rows carried along cost time)."""
+    translations, faster there), off elsewhere (on a CPU the rows carried along cost time) and for sampling."""
     if cfg.fixed_shape is not None:
         return cfg.fixed_shape
-    return torch.device(device).type == "cuda" and isinstance(model, Transformer) and cfg.use_cache
+    searches = cfg.sampling_topk == 1  # sampling draws in the ordinary loop
+    return torch.device(device).type == "cuda" and isinstance(model, Transformer) and cfg.use_cache and searches
 
 
 def _search(model: Decoder, src: Tensor, tgt_tok: Tokenizer, cfg: EvalConfig, max_tgt_len: int,

@@ -47,6 +47,14 @@ class BatchLike(Protocol):
     def pin_memory(self) -> BatchLike: ...
 
 
+def loss_chunk(cfg: TrainingConfig, device: torch.device) -> int:
+    """Target positions per chunk of the fused projection and loss: a CPU's or a GPU's size, or with
+    ``training.compile`` every batch in one chunk, its R-Drop passes included (a loop over chunks would pin the
+    batch's size in the compiled code, which would then compile again for each new size)."""
+    chunk = CPU_LOSS_CHUNK if device.type == "cpu" else GPU_LOSS_CHUNK
+    return max(chunk, 2 * cfg.max_tokens) if cfg.compile else chunk
+
+
 class TrainStep:
     """Forward and backward of the model's objective over a step's micro-batches, then clip and update; the
     objective (:class:`~transformer.training.objective.TranslationObjective`) is DDP-wrapped when
@@ -64,7 +72,7 @@ class TrainStep:
         if cfg.cuda_graphs:
             self._check_graphable()
         objective = TranslationObjective(model, label_smoothing=cfg.label_smoothing, r_drop=cfg.r_drop,
-                                         loss_chunk=CPU_LOSS_CHUNK if device.type == "cpu" else GPU_LOSS_CHUNK)
+                                         loss_chunk=loss_chunk(cfg, device))
         self.ddp = self._wrap_ddp(objective) if dist.world_size > 1 else None
         forward_module = self.ddp if self.ddp is not None else objective
         self._forward = compile_for_training(forward_module) if cfg.compile else forward_module

@@ -18,6 +18,7 @@ from transformer.app import cli, failures, schemas, use
 from transformer.checkpoint import load_checkpoint
 from transformer.config import ConfigError, TrainConfig
 from transformer.data.corpus import DataError
+from transformer.interrupts import Interrupted, raise_interrupted
 
 RUN = ["output_dir=/tmp/unused"]
 
@@ -36,7 +37,7 @@ def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited, monk
         cli._setup()
         expected = signal.default_int_handler if inherited is signal.SIG_IGN else inherited
         assert signal.getsignal(signal.SIGINT) is expected
-        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler  # a kill stops as Ctrl-C does
+        assert signal.getsignal(signal.SIGTERM) is raise_interrupted  # a kill stops as Ctrl-C does
     finally:
         signal.signal(signal.SIGINT, before)
         signal.signal(signal.SIGTERM, before_term)
@@ -45,6 +46,7 @@ def test_a_command_started_with_sigint_ignored_stops_on_it_again(inherited, monk
 @pytest.mark.parametrize("error, message, code", [
     (KeyboardInterrupt(), "interrupted; what this command writes is written whole or not at all", 130),
     (KeyboardInterrupt("interrupted at step 7; saved last.pt"), "interrupted at step 7; saved last.pt", 130),
+    (Interrupted("interrupted at step 7; saved last.pt", signal.SIGTERM), "interrupted at step 7; saved last.pt", 143),
     (PermissionError(13, "Permission denied", "/out/.hyp.txt.x1y2z3w4.tmp"), "cannot write in /out: permission denied",
      1),
     (IsADirectoryError(21, "Is a directory", "/out/.hyp.txt.x1y2z3w4.tmp", None, "/out/hyp.txt"),
@@ -277,7 +279,7 @@ def test_other_errors_keep_their_traceback(compose_config) -> None:
         failures.run_command(command, compose_config("train", RUN))
 
 
-def test_average_interrupted_says_its_output_was_not_written(monkeypatch) -> None:
+def test_average_interrupted_says_its_output_was_not_written(monkeypatch, capsys) -> None:
     def interrupted(paths, out):
         raise KeyboardInterrupt
 
@@ -285,7 +287,8 @@ def test_average_interrupted_says_its_output_was_not_written(monkeypatch) -> Non
     monkeypatch.setattr(sys, "argv", ["transformer-average", "avg.pt", "a.pt", "b.pt"])
     with pytest.raises(SystemExit) as exit_info:
         cli.average_main()
-    assert exit_info.value.code == "transformer-average: interrupted; avg.pt was not written"
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err == "transformer-average: interrupted; avg.pt was not written\n"
 
 
 def test_average_passes_inputs_and_output_in_order(monkeypatch) -> None:

@@ -5,7 +5,7 @@
     inference  imports model, data and the shared modules
     training   imports model, data, inference and the shared modules
     app        imports anything (and only app imports app)
-    shared     (config, choices, overrides, runtime, tracking, checkpoint, files) imports no part
+    shared     (config, choices, overrides, runtime, interrupts, tracking, checkpoint, files) imports no part
 
 Every import counts, at the top of a module or inside a function or an ``if TYPE_CHECKING:`` block.
 """

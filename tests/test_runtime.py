@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 from dataclasses import replace
 
 import pytest
@@ -18,7 +16,6 @@ from transformer.runtime import (
     capture_rng_state,
     choose_device,
     decode_batch_size,
-    defer_sigint,
     resolve_training,
     restore_rng_state,
     seed_everything,
@@ -69,27 +66,6 @@ def test_autocast_choice_on_cpu():
         assert (a @ b).dtype == torch.bfloat16
     with autocast(cpu, Precision.auto):
         assert (a @ b).dtype == torch.float32
-
-
-def test_defer_sigint_calls_back_once_then_interrupts():
-    before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite was started in the background
-    calls = []
-    with defer_sigint(lambda: calls.append("first")):
-        os.kill(os.getpid(), signal.SIGINT)
-        assert calls == ["first"]
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is before
-
-
-def test_defer_sigint_turns_the_first_sigterm_into_the_same_call_back():
-    before = signal.getsignal(signal.SIGTERM)
-    calls = []
-    with defer_sigint(lambda: calls.append("first")):
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert calls == ["first"]
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # a second one terminates (not sent here)
-    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_padding_and_graph_defaults_per_device_and_explicit_values_win():

@@ -10,8 +10,6 @@ import contextlib
 import logging
 import os
 import random
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
@@ -164,32 +162,3 @@ def set_deterministic(flag: bool) -> None:
     torch.use_deterministic_algorithms(flag, warn_only=False)
     torch.backends.cudnn.deterministic = flag
     torch.backends.cudnn.benchmark = False
-
-
-@contextlib.contextmanager
-def defer_sigint(on_interrupt: Callable[[], None]) -> Iterator[None]:
-    """Turn the first Ctrl-C (SIGINT) or SIGTERM into a call of ``on_interrupt``; a second one stops at once
-    (SIGINT raises KeyboardInterrupt, SIGTERM terminates as by default).
-
-    Lets a training loop finish its step and save before stopping: SIGTERM is what ``kill``, ``timeout``, Docker,
-    SLURM and systemd send. This holds where SIGINT was ignored too (a job started in the background by a script):
-    ``kill -INT`` then stops a run cleanly. Outside the main thread (where signal handlers cannot be installed) this
-    does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one stops at once
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        on_interrupt()
-
-    for signum in previous:
-        signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        for signum, action in previous.items():
-            signal.signal(signum, action)

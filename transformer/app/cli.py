@@ -30,6 +30,7 @@ from transformer.app.failures import (
 )
 from transformer.app.resumed import with_recipe
 from transformer.app.schemas import CONFIG_PATH
+from transformer.interrupts import exit_status, raise_interrupted
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,8 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
 
     Such a command inherits SIGINT ignored (bash's rule for background jobs), yet Ctrl-C reaches the script's whole
     process group: so SIGINT raises KeyboardInterrupt here too, from the start (training itself first finishes its
-    step and saves: ``runtime.defer_sigint``).
+    step and saves: ``interrupts.defer_sigint``). SIGTERM, what ``kill`` and schedulers send, stops a command as
+    Ctrl-C does, and the command exits with 143 instead of 130.
     """
     if "--version" in sys.argv[1:]:  # Hydra's own would name Hydra's version alone
         from transformer.version import __version__
@@ -183,7 +185,7 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
     run_folder.name_a_full_disk_under_hydras_snapshot()
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop by kill or a scheduler: as Ctrl-C
+    signal.signal(signal.SIGTERM, raise_interrupted)  # a stop by kill or a scheduler: as Ctrl-C
     _log_own_warnings()
     if schema is not None:
         sweeps.refuse_a_bad_job(sys.argv[1:], Path(CONFIG_PATH), command, schema, check)
@@ -292,8 +294,9 @@ def average_main() -> None:
         sys.exit(usage)
     try:
         use.average(sys.argv[2:], sys.argv[1])
-    except KeyboardInterrupt:
-        sys.exit(f"transformer-average: interrupted; {sys.argv[1]} was not written")
+    except KeyboardInterrupt as interrupt:
+        print(f"transformer-average: interrupted; {sys.argv[1]} was not written", file=sys.stderr)
+        sys.exit(exit_status(interrupt))
     except user_errors() as error:
         sys.exit(f"transformer-average: {error}")
     except OSError as error:
@@ -326,7 +329,7 @@ def recipe_main() -> None:
     # while runs train, the recipe passes them on instead (transformer.app.runs). Also when started in a script's
     # background, which ignores SIGINT.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_interrupted)
     parallel = args.parallel or (3 if args.recipe == "best_gpu" else 1)
     options = recipes.Options(Path(args.out_dir), list(args.overrides), parallel=parallel, train_only=args.train_only)
     plan = recipes.Diversified(args.seeds, args.backward_seeds, args.student_seeds, args.wide_student_seeds,
@@ -343,7 +346,7 @@ def recipe_main() -> None:
     except KeyboardInterrupt as interrupted:  # RecipeInterrupted, or an interrupt outside the runs' training
         said = str(interrupted) or "interrupted: run the recipe again, with the same overrides, to resume"
         logging.getLogger("transformer-recipe").error("%s", said)  # the line names the command
-        sys.exit(130)
+        sys.exit(exit_status(interrupted))
     except (RunFailed, *user_errors()) as error:
         logging.getLogger("transformer-recipe").error("%s", error)
         sys.exit(1)

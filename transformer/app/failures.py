@@ -1,6 +1,6 @@
 """How a command ends when it fails: an expected failure (a bad config value, file or checkpoint, a path that
-cannot be written, a full disk, Ctrl-C) as one logged line and an exit status, 1 or 130; anything else keeps its
-traceback. The run folder Hydra made for a command refused at once is removed again."""
+cannot be written, a full disk) as one logged line and exit status 1, Ctrl-C or SIGTERM as one line and 130 or 143;
+anything else keeps its traceback. The run folder Hydra made for a command refused at once is removed again."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from transformer.app import schemas
 from transformer.app.before_hydra import overrides_given
+from transformer.interrupts import exit_status
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -95,7 +96,7 @@ def run_command(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool =
         sys.exit(1)
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
         log.error("%s", str(interrupt) or "interrupted; what this command writes is written whole or not at all")
-        sys.exit(130)
+        sys.exit(exit_status(interrupt))
 
 
 @contextmanager

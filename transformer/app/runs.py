@@ -107,7 +107,7 @@ class _Supervisor:
             console.close()
             del self.running[spec]
             name = spec.label or spec.run.name
-            if process.returncode == 130 and self.interrupted:
+            if process.returncode in (130, 143) and self.interrupted:  # SIGINT from here; SIGTERM from a scheduler
                 log.info("%s: saved and stopped (%s)", name, spec.run)
             elif process.returncode != 0:
                 self.failed.append(spec)

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from transformer import files
 from transformer.config import ConfigError
+from transformer.interrupts import Interrupted, signal_of
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def translate_in_windows(lines: list[str], translate_lines: Callable[[list[str]]
         write_translations(partial, done)
         kept = f"the translations of lines 1-{len(done)} of {len(lines)} are in {partial}"
         if isinstance(error, KeyboardInterrupt):
-            raise KeyboardInterrupt(f"interrupted; {kept}") from None
+            raise Interrupted(f"interrupted; {kept}", signal_of(error)) from None
         log.error("translate failed; %s", kept)
         raise
 

@@ -17,7 +17,7 @@ position is a ``loop_state.LoopState``; each writes and reads its part of a chec
   never reaches the weights, and the next check raises ``TrainingDiverged``.
 - A time limit (``max_minutes``) ends the run annealed: from the pace so far the trainer projects the step where
   the limit runs out and ends the cosine schedule there (docs/guide/train.md, Time limit).
-- Ctrl-C or SIGTERM: the steps up to the next check finish, ``last.pt`` is written and KeyboardInterrupt raised; a
+- Ctrl-C or SIGTERM: the steps up to the next check finish, ``last.pt`` is written and ``Interrupted`` raised; a
   second one aborts at once without saving.
 - DDP: validation runs on rank 0 while the other ranks wait for its metrics, so every rank takes the same
   early-stopping decision; only rank 0 logs and writes files.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,7 +41,8 @@ from transformer.checkpoint import TRAINER_KEYS, CheckpointError, check_plain
 from transformer.config import TrainingConfig
 from transformer.data.prefetch import prefetched
 from transformer.inference.metrics import perplexity
-from transformer.runtime import capture_rng_state, defer_sigint, resolve_training, restore_rng_state, seed_everything
+from transformer.interrupts import Interrupted, defer_sigint
+from transformer.runtime import capture_rng_state, resolve_training, restore_rng_state, seed_everything
 from transformer.tracking import TRAIN_MINUTES, ProgressBar, Tracker
 from transformer.training import distributed
 from transformer.training.checkpoints import CheckpointManager
@@ -127,6 +129,7 @@ class Trainer:
         self._pending_rng: dict | None = None  # this rank's RNG state from load_state, applied by fit
         self._start_seed: int | None = cfg.seed + dist.rank  # fresh runs: ranks draw different dropout masks
         self._interrupt_requested = False
+        self._interrupt_signal = int(signal.SIGINT)  # the signal that asked for it; another rank's: SIGINT
         self._in_step = False
         self._started = time.monotonic()
         self._first_step = 0  # the step this fit call started from: its pace is measured from there
@@ -340,14 +343,15 @@ class Trainer:
         return last
 
     def _stop_if_interrupted(self, reading: Reading) -> None:
-        """After a Ctrl-C (on any rank): save ``last.pt`` now and raise KeyboardInterrupt naming it."""
+        """After a Ctrl-C or SIGTERM (on any rank): save ``last.pt`` now and raise ``Interrupted`` naming it."""
         if reading.interrupt:
             self.save_now("interrupt")
             last = self.checkpoints.last_path  # <run>/checkpoints/last.pt
             if not self.dist.is_main:  # rank 0 wrote it, and says so
-                raise KeyboardInterrupt(f"interrupted at step {self.step}; rank 0 saved the run's {last.name}")
-            raise KeyboardInterrupt(f"interrupted at step {self.step}; saved {last} (resume={last.parent.parent} "
-                                    "continues it)")
+                raise Interrupted(f"interrupted at step {self.step}; rank 0 saved the run's {last.name}",
+                                  self._interrupt_signal)
+            raise Interrupted(f"interrupted at step {self.step}; saved {last} (resume={last.parent.parent} continues "
+                              "it)", self._interrupt_signal)
 
     def train_step(self, batches: list[BatchLike]) -> tuple[torch.Tensor, int]:
         """One optimizer step over the collated micro-batches ``batches`` at this step's learning rate (``fit``
@@ -424,12 +428,13 @@ class Trainer:
         pace = steps / max(time.monotonic() - self._started, 1e-9)  # steps per second, validations included
         self.horizon.reproject(self.step, pace, self.train_seconds, self.dist.is_main)
 
-    def request_interrupt(self) -> None:
-        """Ask the loop to save ``last.pt`` after the current step and raise KeyboardInterrupt (SIGINT does this)."""
-        self._interrupt_requested = True
+    def request_interrupt(self, signum: int = signal.SIGINT) -> None:
+        """Ask the loop to save ``last.pt`` after the current step and raise ``Interrupted`` for ``signum`` (SIGINT
+        and SIGTERM do this)."""
+        self._interrupt_requested, self._interrupt_signal = True, int(signum)
 
-    def _on_sigint(self) -> None:
-        self.request_interrupt()
+    def _on_sigint(self, signum: int) -> None:
+        self.request_interrupt(signum)
         if self.dist.is_main:
             log.warning("interrupt: finishing this step and saving last.pt (a second interrupt aborts without "
                         "saving)")

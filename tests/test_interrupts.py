@@ -1,0 +1,99 @@
+"""Ctrl-C and SIGTERM: the first asks for a stop after the step, the same stop heard twice is one stop, a later one
+stops at once; a command so stopped exits with 128 + the signal's number."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from transformer.checkpoint import load_checkpoint
+from transformer.interrupts import Interrupted, defer_sigint, exit_status, raise_interrupted
+
+
+def test_the_exit_status_is_128_plus_the_signal_and_a_plain_keyboard_interrupt_counts_as_ctrl_c():
+    assert exit_status(KeyboardInterrupt()) == 130
+    assert exit_status(Interrupted("interrupted at step 7", signal.SIGINT)) == 130
+    assert exit_status(Interrupted("interrupted at step 7", signal.SIGTERM)) == 143
+    assert str(Interrupted("interrupted at step 7", signal.SIGTERM)) == "interrupted at step 7"
+    assert str(Interrupted(signum=signal.SIGTERM)) == ""  # the command then says its own line
+
+
+def test_a_sigterm_handled_as_ctrl_c_raises_an_interrupt_that_names_it():
+    before = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        with pytest.raises(Interrupted) as raised:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs between bytecodes: at the latest here
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert raised.value.signum == signal.SIGTERM and isinstance(raised.value, KeyboardInterrupt)
+
+
+def test_the_first_ctrl_c_calls_back_and_a_later_one_interrupts():
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the suite was started in the background
+    calls = []
+    with defer_sigint(calls.append, same_stop_seconds=0.0):
+        os.kill(os.getpid(), signal.SIGINT)
+        assert calls == [signal.SIGINT]
+        with pytest.raises(Interrupted) as raised:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert raised.value.signum == signal.SIGINT and calls == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_one_stop_heard_from_two_senders_is_one_stop():
+    # SLURM signals every process of a job, and transformer-recipe passes the stop on to its runs: a run hears
+    # SIGTERM and SIGINT a moment apart, and must still finish its step and save rather than abort.
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    calls = []
+    with defer_sigint(calls.append, same_stop_seconds=60.0):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert calls == [signal.SIGTERM]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_later_sigterm_ends_the_process_as_sigterm_does():
+    program = ("import os, signal, time\n"
+               "from transformer.interrupts import defer_sigint\n"
+               "with defer_sigint(lambda signum: print('first', signum, flush=True), same_stop_seconds=0.0):\n"
+               "    os.kill(os.getpid(), signal.SIGTERM)\n"
+               "    os.kill(os.getpid(), signal.SIGTERM)\n"
+               "    time.sleep(5)\n"
+               "print('not stopped', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == f"first {int(signal.SIGTERM)}\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second", [signal.SIGINT, signal.SIGTERM], ids=["then SIGINT", "then SIGTERM"])
+def test_a_run_stopped_by_a_scheduler_saves_after_its_step_and_exits_143(toy_corpus, tmp_path, second):
+    """``transformer-train`` sent SIGTERM by a scheduler, then the same stop by a supervisor passing it on
+    (transformer-recipe: SIGINT; torchrun: SIGTERM) once the run has heard the first."""
+    overrides = ["data=toy_copy", "model=tiny", "eval=greedy", "device=cpu", "training.progress_bar=false",
+                 f"data.dir={toy_corpus}", "data.cache_dir=cache", "hydra.run.dir=run", "training.max_epochs=100000",
+                 "training.max_minutes=null", "training.log_every_steps=1"]
+    run = subprocess.Popen([sys.executable, "-m", "transformer", "train", *overrides], cwd=tmp_path, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    said = []
+    for line in run.stdout:  # the log, line by line
+        said.append(line)
+        if " step 2: loss" in line:  # training
+            run.send_signal(signal.SIGTERM)
+        if "interrupt: finishing this step" in line:  # heard
+            run.send_signal(second)
+            break
+    said += run.stdout.readlines()
+    assert run.wait(timeout=120) == 143, "".join(said[-20:])
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert "interrupted at step" in said[-1] and f"saved {last} (resume=" in said[-1]
+    assert load_checkpoint(last)["reason"] == "interrupt"

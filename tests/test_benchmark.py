@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformer.app import benchmark
 from transformer.config import ModelConfig
 from transformer.data.batching import TokenBucketSampler
+from transformer.interrupts import Interrupted
 from transformer.model.transformer import build_model
 
 from toy_training import copy_pairs, make_trainer, training_config
@@ -86,6 +88,43 @@ def test_tiny_benchmark_run_writes_json_and_markdown(compose_config, toy_corpus,
     searches = [(search, "", cache) for search in ("greedy", "beam 5") for cache in ("True", "False")]
     searches += [(search, ", fixed shapes", "True") for search in ("greedy", "beam 5")]
     assert sorted(profiled) == sorted(searches)
+
+
+def test_an_interrupted_benchmark_keeps_what_it_measured(compose_config, toy_corpus, tmp_path, monkeypatch):
+    measured = benchmark.benchmark_decoding
+
+    def interrupted_after_one_search(*args):
+        searches = measured(*args)
+        yield next(searches)
+        raise Interrupted(signum=signal.SIGTERM)  # a scheduler's stop, during the second search
+
+    monkeypatch.setattr(benchmark, "benchmark_decoding", interrupted_after_one_search)
+    cfg = compose_config("benchmark", [
+        "data=toy_copy", f"data.dir={toy_corpus}", "model=tiny", "train_steps=2", "untimed_steps=1",
+        "decode_sentences=3", "training.max_tokens=256", "matmul_size=64", "eval.max_len_b=5", "device=cpu",
+        f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(Interrupted) as raised:
+        benchmark.run(OmegaConf.to_object(cfg))
+    assert raised.value.signum == signal.SIGTERM
+    assert str(raised.value) == (f"interrupted; what was measured (training, the matmul peak, 1 decoding search) is "
+                                 f"in {tmp_path / 'benchmark.json'} and benchmark.md")
+    saved = json.loads((tmp_path / "benchmark.json").read_text())
+    assert saved["interrupted"] is True and saved["training"]["steps"] == 2 and saved["matmul_flops"] > 0
+    assert [(row["search"], row["cache"], row["sentences"]) for row in saved["decoding"]] == [("greedy", True, 3)]
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "| greedy | yes |" in table and table.endswith("Interrupted: only training, the matmul peak, 1 decoding "
+                                                           "search measured.\n")
+
+
+def test_a_benchmark_interrupted_before_anything_was_measured_writes_no_result(compose_config, tmp_path, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(benchmark, "benchmark_training", interrupted)
+    cfg = compose_config("benchmark", [f"output_dir={tmp_path}", "device=cpu"])
+    with pytest.raises(KeyboardInterrupt):
+        benchmark.run(OmegaConf.to_object(cfg))
+    assert not (tmp_path / "benchmark.json").exists() and not (tmp_path / "benchmark.md").exists()
 
 
 def test_a_checkpoint_that_cannot_be_loaded_is_refused_before_any_timing(compose_config, tmp_path, monkeypatch):

@@ -45,6 +45,7 @@ from transformer.data.prefetch import prefetched
 from transformer.data.splits import load_split
 from transformer.inference.loading import TrainedModel, load_trained
 from transformer.inference.translation import decodes_in_bf16, decoding_model, translate
+from transformer.interrupts import Interrupted, signal_of
 from transformer.model.transformer import build_model
 from transformer.runtime import choose_device, configure_threads, resolve_training, seed_everything
 from transformer.tracking import Tracker
@@ -253,9 +254,10 @@ def _profiled(work: Callable[[], Any], device: torch.device, what: str, units: i
 
 
 def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Path,
-                       trained: TrainedModel | None = None) -> list[dict[str, Any]]:
+                       trained: TrainedModel | None = None) -> Iterator[dict[str, Any]]:
     """Sentences/s and tokens/s on the test split: greedy and beam, each with and without the KV cache; with the
-    ``trained`` model (``cfg.checkpoint`` loaded), else a random one of ``cfg.model``."""
+    ``trained`` model (``cfg.checkpoint`` loaded), else a random one of ``cfg.model``. Yields each search's row as
+    it is measured."""
     if trained is not None:
         model, src_tok, tgt_tok, data = trained.model.to(device), trained.src_tok, trained.tgt_tok, trained.config.data
     else:
@@ -266,7 +268,7 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         data = cfg.data
     src, _ = load_split(data, data.test_split)
     src = src[: cfg.decode_sentences] if cfg.decode_sentences is not None else src
-    rows, profiles = [], []
+    profiles = []
     model = decoding_model(model, cfg.eval.precision, device)  # once: the bfloat16 copy is not timed
     ordinary: dict[int, list[str]] = {}  # each width's lines from the ordinary cached search, which comes first
     widths = sorted({1, cfg.eval.beam_size})
@@ -285,11 +287,10 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         tokens = sum(len(tgt_tok.encode(h[0])) + 1 for h in hypotheses)
         lines = [h[0] for h in hypotheses]
         reference = ordinary.setdefault(beam, lines)
-        rows.append({"search": search, "cache": use_cache,
-                     "sentences": len(src), "seconds": seconds, "sentences_per_s": len(src) / seconds,
-                     "tokens_per_s": tokens / seconds,
-                     "same_lines": None if lines is reference else sum(a == b for a, b in zip(lines, reference))})
-        log.info("decoding %s cache=%s: %.1f sentences/s", search, use_cache, rows[-1]["sentences_per_s"])
+        log.info("decoding %s cache=%s: %.1f sentences/s", search, use_cache, len(src) / seconds)
+        yield {"search": search, "cache": use_cache, "sentences": len(src), "seconds": seconds,
+               "sentences_per_s": len(src) / seconds, "tokens_per_s": tokens / seconds,
+               "same_lines": None if lines is reference else sum(a == b for a, b in zip(lines, reference))}
         if cfg.profile_steps:
             summary, tables = _profiled(decode, device, f"decoding {search}, cache={use_cache}", len(src),
                                         "sentence")
@@ -299,11 +300,11 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
         path = Path(cfg.output_dir) / "profile_decoding.txt"
         files.write_text(path, "\n\n".join(profiles) + "\n")
         log.info("decoding profiles in %s", path)
-    return rows
 
 
 def run(cfg: BenchmarkConfig) -> dict[str, Any]:
-    """Run every measurement and write ``benchmark.json`` and ``benchmark.md`` into ``cfg.output_dir``."""
+    """Run every measurement and write ``benchmark.json`` and ``benchmark.md`` into ``cfg.output_dir``; interrupted
+    after the training measurement, write what was measured (``"interrupted": true``) and raise ``Interrupted``."""
     device = choose_device(cfg.device)
     cfg = replace(cfg, training=resolve_training(cfg.training, device))
     configure_threads(cfg.training.threads)
@@ -311,26 +312,46 @@ def run(cfg: BenchmarkConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     # checked before minutes of timing: a missing or damaged checkpoint is refused at once
     trained = load_trained(cfg.checkpoint, torch.device("cpu")) if cfg.checkpoint is not None else None
-    with tempfile.TemporaryDirectory() as scratch:
-        speed = benchmark_training(cfg, device, Path(scratch))
-        peak = matmul_peak(device, cfg.matmul_size)
-        decoding = benchmark_decoding(cfg, device, Path(scratch), trained)
-    result = {
+    result: dict[str, Any] = {
         "device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "model": to_plain_dict(cfg.model),
-        "max_tokens": cfg.training.max_tokens, "training": asdict(speed), "matmul_flops": peak,
-        "mfu": speed.achieved_flops / peak, "decoding": decoding,
+        "torch": torch.__version__, "model": to_plain_dict(cfg.model), "max_tokens": cfg.training.max_tokens,
+        "decoding": [],
         "decoding_precision": "bf16" if decodes_in_bf16(cfg.eval.precision, device) else "fp32",  # auto resolved
-        "peak_memory_mb": peak_memory_mb(device),
     }
-    sheet = datasheet_flops(result["device_name"]) if device.type == "cuda" else None
-    if sheet is not None:
-        result.update(datasheet_flops=sheet, mfu_datasheet=speed.achieved_flops / sheet)
-    files.write_text(out / "benchmark.json", json.dumps(result, indent=2) + "\n")
-    files.write_text(out / "benchmark.md", markdown_report(result))
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            speed = benchmark_training(cfg, device, Path(scratch))
+            result["training"] = asdict(speed)
+            peak = matmul_peak(device, cfg.matmul_size)
+            result.update(matmul_flops=peak, mfu=speed.achieved_flops / peak)
+            sheet = datasheet_flops(result["device_name"]) if device.type == "cuda" else None
+            if sheet is not None:
+                result.update(datasheet_flops=sheet, mfu_datasheet=speed.achieved_flops / sheet)
+            result["decoding"].extend(benchmark_decoding(cfg, device, Path(scratch), trained))
+    except KeyboardInterrupt as interrupt:
+        if "training" not in result:  # nothing measured yet
+            raise
+        result.update(interrupted=True, peak_memory_mb=peak_memory_mb(device))
+        _write(out, result)
+        raise Interrupted(f"interrupted; what was measured ({_measured(result)}) is in {out / 'benchmark.json'} "
+                          "and benchmark.md", signal_of(interrupt)) from None
+    result["peak_memory_mb"] = peak_memory_mb(device)
+    _write(out, result)
     print(markdown_report(result))
     return result
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    files.write_text(out / "benchmark.json", json.dumps(result, indent=2) + "\n")
+    files.write_text(out / "benchmark.md", markdown_report(result))
+
+
+def _measured(result: dict[str, Any]) -> str:
+    """What an interrupted benchmark measured, in words: "training, the matmul peak, 2 decoding searches"."""
+    parts = ["training"] + (["the matmul peak"] if "matmul_flops" in result else [])
+    if result["decoding"]:
+        parts.append(f"{len(result['decoding'])} decoding " + ("search" if len(result["decoding"]) == 1 else "searches"))
+    return ", ".join(parts)
 
 
 def markdown_report(result: dict[str, Any]) -> str:
@@ -346,17 +367,21 @@ def markdown_report(result: dict[str, Any]) -> str:
         f"| milliseconds per step | {1000 * t['seconds'] / t['steps']:.1f} |",
         f"| training FLOPs per target token | {t['flops_per_tgt_token'] / 1e6:.1f} M |",
         f"| achieved | {t['achieved_flops'] / 1e9:.1f} GFLOP/s |",
-        f"| matmul peak | {result['matmul_flops'] / 1e9:.1f} GFLOP/s |",
-        f"| model FLOP utilisation | {100 * result['mfu']:.1f} % |",
     ]
+    if "matmul_flops" in result:
+        lines += [f"| matmul peak | {result['matmul_flops'] / 1e9:.1f} GFLOP/s |",
+                  f"| model FLOP utilisation | {100 * result['mfu']:.1f} % |"]
     if "datasheet_flops" in result:
         lines += [f"| data-sheet peak (dense bf16) | {result['datasheet_flops'] / 1e9:.1f} GFLOP/s |",
                   f"| model FLOP utilisation, against the data sheet | {100 * result['mfu_datasheet']:.1f} % |"]
-    precision = result.get("decoding_precision", "fp32")  # eval.precision
-    lines += ["", f"| decoding ({precision}) | KV cache | sentences/s | tokens/s | lines as the cached search |",
-              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['search']} | {'yes' if r['cache'] else 'no'} | {r['sentences_per_s']:.1f} | "
-              f"{r['tokens_per_s']:,.0f} | {_same(r)} |" for r in result["decoding"]]
+    if result["decoding"]:
+        precision = result.get("decoding_precision", "fp32")  # eval.precision
+        lines += ["", f"| decoding ({precision}) | KV cache | sentences/s | tokens/s | lines as the cached search |",
+                  "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['search']} | {'yes' if r['cache'] else 'no'} | {r['sentences_per_s']:.1f} | "
+                  f"{r['tokens_per_s']:,.0f} | {_same(r)} |" for r in result["decoding"]]
+    if result.get("interrupted"):
+        lines += ["", f"Interrupted: only {_measured(result)} measured."]
     return "\n".join(lines) + "\n"
 
 

@@ -180,6 +180,12 @@ def test_a_key_no_schema_has_is_refused_naming_the_nearest(compose_config, caplo
                                       "did you mean port=9000? (--help lists them)"),
     (cli.train_main, ["-q"], "-q: no such flag; settings are given as KEY=VALUE (--help lists "
                              "them)"),
+    (cli.train_main, ["--batch-size", "64"], "--batch-size: no such flag; settings are given as KEY=VALUE, did you "
+                                             "mean training.max_tokens=64 or eval.batch_size=64? (--help lists them)"),
+    (cli.translate_main, ["--batch-size", "64"], "--batch-size: no such flag; settings are given as KEY=VALUE, did "
+                                                 "you mean eval.batch_size=64? (--help lists them)"),
+    (cli.train_main, ["--fp16"], "--fp16: no such flag; settings are given as KEY=VALUE, did you mean "
+                                 "training.precision=bf16 or eval.precision=bf16? (--help lists them)"),
     (cli.train_main, ["--precision", "bf16"], "--precision: no such flag; settings are given as "
                                               "KEY=VALUE, did you mean training.precision=bf16 or eval.precision=bf16? "
                                               "(--help lists them)"),

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from hydra.errors import HydraException
 
-from transformer.app.schemas import refuse_unknown_overrides, settings_named
+from transformer.app.schemas import VALUES_ELSEWHERE, refuse_unknown_overrides, settings_named
 from transformer.config import ConfigError
 
 
@@ -71,8 +71,9 @@ def refuse_unknown_flags(argv: list[str], schema: type | None) -> None:
         if name.startswith("--") and len(whole) == 1:
             sys.exit(f"{name}: give the flag's whole name, {whole[0]}")
         value = arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1]
-                                          and not argv[i + 1].startswith("-") else "VALUE")
+                                          and not argv[i + 1].startswith("-") else None)
         tail = name.lstrip("-").replace("-", "_").split(".")  # --training.max-steps: training.max_steps
+        value = value or VALUES_ELSEWHERE.get(tail[-1], "VALUE")  # --fp16: precision=bf16
         meant = settings_named(schema, tail) if schema is not None else []
         hint = f", did you mean {' or '.join(f'{key}={value}' for key in meant[:3])}?" if meant else ""
         sys.exit(f"{name}: no such flag; settings are given as KEY=VALUE{hint} (--help lists them)")

@@ -278,13 +278,19 @@ NAMES_ELSEWHERE = {
     "beam": ("beam_size",),
 }
 
+# The value another toolkit's switch (``--fp16``, given without one) means here.
+VALUES_ELSEWHERE = {"fp16": "bf16", "bf16": "bf16", "amp": "bf16"}
+
 
 def settings_named(schema: type, tail: list[str]) -> list[str]:
-    """The dotted keys of ``schema`` that end in ``tail`` (``["max_steps"]``: ``training.max_steps``), then those
-    that end in what ``tail``'s last name is called here (``NAMES_ELSEWHERE``): where a setting typed without its
-    group, under another one, or by another toolkit's name, lives."""
+    """The dotted keys of ``schema`` that end in ``tail`` (``["max_steps"]``: ``training.max_steps``) or in what
+    ``tail``'s last name is called here (``NAMES_ELSEWHERE``): where a setting typed without its group, under another
+    one, or by another toolkit's name, lives. In the order of ``schema``'s groups, so the command's own comes first
+    (transformer-train's ``batch_size``: ``training.max_tokens``, then ``eval.batch_size``)."""
     ours = [[*tail[:-1], name] for name in NAMES_ELSEWHERE.get(tail[-1], ())]
-    return list(dict.fromkeys(key for wanted in (tail, *ours) for key in _keys_ending_in(schema, wanted)))
+    found = dict.fromkeys(key for wanted in (tail, *ours) for key in _keys_ending_in(schema, wanted))
+    groups = [f.name for f in dataclasses.fields(schema)]
+    return sorted(found, key=lambda key: groups.index(key.split(".")[0]))
 
 
 def _keys_ending_in(schema: type, tail: list[str], prefix: str = "") -> list[str]:

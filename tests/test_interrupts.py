@@ -47,18 +47,44 @@ def test_the_first_ctrl_c_calls_back_and_a_later_one_interrupts():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_one_stop_heard_from_two_senders_is_one_stop():
-    # SLURM signals every process of a job, and transformer-recipe passes the stop on to its runs: a run hears
-    # SIGTERM and SIGINT a moment apart, and must still finish its step and save rather than abort.
+@pytest.fixture
+def as_the_commands_set_them():
+    """SIGINT and SIGTERM as the commands set them (``cli._stop_on_signals``) for the test; as before after it."""
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_interrupted)
+    yield
+    signal.signal(signal.SIGINT, before[0])
+    signal.signal(signal.SIGTERM, before[1])
+
+
+def test_one_stop_heard_from_two_senders_is_one_stop_also_once_the_loop_has_left(as_the_commands_set_them):
+    # SLURM signals every process of a job, and transformer-recipe passes the stop on to its runs: a run hears
+    # SIGTERM and SIGINT a moment apart, and must still finish its step and save rather than abort, also when the
+    # second comes as the loop's Interrupted is on its way out.
     calls = []
-    with defer_sigint(calls.append, same_stop_seconds=60.0):
+    with defer_sigint(calls.append, same_stop_seconds=0.5):
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.1)
+        time.sleep(0.05)
         assert calls == [signal.SIGTERM]
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    os.kill(os.getpid(), signal.SIGINT)  # still the same stop
+    time.sleep(0.05)
+    time.sleep(0.5)  # past the window: a signal is a new stop, handled as before the loop
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is raise_interrupted
+    assert calls == [signal.SIGTERM]
+
+
+def test_without_a_stop_the_loop_leaves_the_handlers_as_they_were(as_the_commands_set_them):
+    with defer_sigint(lambda signum: pytest.fail("no signal was sent")):
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is raise_interrupted
 
 
 def test_a_later_sigterm_ends_the_process_as_sigterm_does():
@@ -89,7 +115,7 @@ def test_a_run_stopped_by_a_scheduler_saves_after_its_step_and_exits_143(toy_cor
         said.append(line)
         if " step 2: loss" in line:  # training
             run.send_signal(signal.SIGTERM)
-        if "interrupt: finishing this step" in line:  # heard
+        if "interrupt: saving last.pt and stopping" in line:  # heard
             run.send_signal(second)
             break
     said += run.stdout.readlines()

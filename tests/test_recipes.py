@@ -143,14 +143,21 @@ def test_a_failed_run_starts_no_further_run_and_names_its_console(tmp_path, fake
     assert len(recorded()) == 1 and not (tmp_path / "seed_2").exists()
 
 
-def test_ctrl_c_passes_one_sigint_to_each_run_waits_for_their_saves_and_starts_none(tmp_path, fake):
-    """The recipe in a process of its own, sent SIGINT while two of three runs train (as Ctrl-C reaches it)."""
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_a_stop_passes_one_sigint_to_each_run_waits_for_their_saves_and_starts_none(tmp_path, fake, stop):
+    """The recipe in a process of its own, sent SIGINT (as Ctrl-C reaches it) or SIGTERM (a scheduler's stop)
+    while two of three runs train: it exits as a command so stopped does, 130 or 143."""
     command, recorded = fake
     out = tmp_path / "ens"
     code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r})\n"
-            "from transformer.app import recipes\nfrom transformer.app.runs import supervise\n"
-            f"supervise(recipes.member_specs(__import__('pathlib').Path({str(out)!r}), [], [1, 2, 3]), parallel=2, "
-            f"train_command={list(command)!r})")
+            "from transformer.app import recipes\nfrom transformer.app.runs import RecipeInterrupted, supervise\n"
+            "from transformer.interrupts import exit_status\n"
+            "try:\n"
+            f"    supervise(recipes.member_specs(__import__('pathlib').Path({str(out)!r}), [], [1, 2, 3]), parallel=2, "
+            f"train_command={list(command)!r})\n"
+            "except RecipeInterrupted as stopped:\n"
+            "    print(stopped, file=sys.stderr)\n"
+            "    sys.exit(exit_status(stopped))\n")
     recipe = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "FAKE_SECONDS": "60"},
                               stderr=subprocess.PIPE, text=True,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -158,9 +165,11 @@ def test_ctrl_c_passes_one_sigint_to_each_run_waits_for_their_saves_and_starts_n
     while len(recorded()) < 2 or not all((out / f"seed_{s}" / "checkpoints" / "last.pt").exists() for s in (1, 2)):
         assert recipe.poll() is None and time.monotonic() < deadline, recipe.communicate()
         time.sleep(0.05)
-    recipe.send_signal(signal.SIGINT)
+    recipe.send_signal(stop)
     _, stderr = recipe.communicate(timeout=60)
-    assert "RecipeInterrupted" in stderr and "every run saved" in stderr
+    assert recipe.returncode == 128 + stop, stderr
+    assert stderr.splitlines()[-1] == ("interrupted: every run saved; run the recipe again, with the same overrides, "
+                                       "to resume")
     for seed in (1, 2):  # each saved after exactly one SIGINT, before the recipe ended
         assert (out / f"seed_{seed}" / "checkpoints" / "last.pt").read_text() == "interrupt after 1 SIGINT"
     assert len(recorded()) == 2 and not (out / "seed_3").exists()

@@ -48,10 +48,13 @@ def defer_sigint(on_interrupt: Callable[[int], None], same_stop_seconds: float =
     at once (SIGINT raises KeyboardInterrupt, SIGTERM terminates as by default).
 
     Lets a training loop finish its step and save before stopping. A signal within ``same_stop_seconds`` of the
-    first is the same stop, delivered twice, and does nothing: SLURM and systemd signal every process of a job,
-    torchrun and transformer-recipe as well, so a run can hear one stop from two senders. This holds where SIGINT
-    was ignored too (a job started in the background by a script): ``kill -INT`` then stops a run cleanly. Outside
-    the main thread (where signal handlers cannot be installed) this does nothing.
+    first is the same stop, delivered twice, and does nothing, also after the block is left (while the loop's
+    ``Interrupted`` is on its way out): SLURM and systemd signal every process of a job, torchrun and
+    transformer-recipe pass the stop on, so a run can hear one stop from two senders. The window starts when the
+    first signal's handler runs, so a duplicate whose handler waits more than the window for the main thread (a
+    rank blocked in a collective) counts as a second stop. This holds where SIGINT was ignored too (a job started in
+    the background by a script): ``kill -INT`` then stops a run cleanly. Outside the main thread (where signal
+    handlers cannot be installed) this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -59,22 +62,44 @@ def defer_sigint(on_interrupt: Callable[[int], None], same_stop_seconds: float =
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     first: list[float] = []  # when the first signal came
 
+    def echo(now: float) -> bool:
+        return now - first[0] < same_stop_seconds
+
     def handler(signum: int, frame: object) -> None:
-        now = time.monotonic()
         if not first:
-            first.append(now)
+            first.append(time.monotonic())
             on_interrupt(signum)
-        elif now - first[0] >= same_stop_seconds:  # asked again: stop at once
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        elif not echo(time.monotonic()):  # asked again: stop at once
+            _restore({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL})
             if signum == signal.SIGTERM:
                 signal.raise_signal(signal.SIGTERM)  # ends the process, as SIGTERM does by default
             raise Interrupted(signum=signum)
+
+    def afterwards(signum: int, frame: object) -> None:  # the block was left after a stop: its echoes, then as before
+        if not echo(time.monotonic()):
+            _restore(previous)
+            _as_by(previous[signum], signum, frame)
 
     for signum in previous:
         signal.signal(signum, handler)
     try:
         yield
     finally:
-        for signum, action in previous.items():
-            signal.signal(signum, action)
+        if first and echo(time.monotonic()):
+            _restore({signum: afterwards for signum in previous})
+        else:
+            _restore(previous)
+
+
+def _restore(actions: dict) -> None:
+    for signum, action in actions.items():
+        signal.signal(signum, action)
+
+
+def _as_by(action: object, signum: int, frame: object) -> None:
+    """Do to ``signum`` what ``action``, a signal's handler as ``signal.getsignal`` gives it, does."""
+    if callable(action):
+        action(signum, frame)
+    elif action != signal.SIG_IGN:  # SIG_DFL, or a handler not installed from Python: the default
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)  # SIGINT's and SIGTERM's default: the process ends

@@ -183,12 +183,18 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
             before_hydra.refuse_resolving_the_run_folder(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
     run_folder.refuse_unwritable_run_folders(sys.argv[1:])
     run_folder.name_a_full_disk_under_hydras_snapshot()
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, raise_interrupted)  # a stop by kill or a scheduler: as Ctrl-C
+    _stop_on_signals()
     _log_own_warnings()
     if schema is not None:
         sweeps.refuse_a_bad_job(sys.argv[1:], Path(CONFIG_PATH), command, schema, check)
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C, and SIGTERM (a stop by ``kill`` or a scheduler) alike, raise ``Interrupted`` where the command is, also
+    in a command a script started in the background (which inherits SIGINT ignored)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, raise_interrupted)
 
 
 def _log_own_warnings() -> None:
@@ -292,6 +298,7 @@ def average_main() -> None:
         sys.exit(f"transformer-average: one checkpoint ({sys.argv[2]}); averaging takes two or more\n{usage}")
     if len(sys.argv) < 4:
         sys.exit(usage)
+    _stop_on_signals()
     try:
         use.average(sys.argv[2:], sys.argv[1])
     except KeyboardInterrupt as interrupt:

@@ -3,9 +3,11 @@
 A run's state is its run directory, never its log text: ``metrics.json`` written means finished (kept), a
 ``checkpoints/last.pt`` means started (resumed with ``resume=RUN``), neither means new. :func:`supervise` starts the
 runs, at most ``parallel`` at once, each in a session of its own with its console in ``RUN.out``; a run that fails
-stops the others from starting (they would fail alike). Ctrl-C or SIGTERM reaches the recipe alone, which passes
-one SIGINT to every run, starts none after, and waits until each has saved its ``last.pt`` and stopped; a second
-interrupt passes a second SIGINT on, which aborts the runs without saving.
+stops the others from starting (they would fail alike). A terminal's Ctrl-C reaches the recipe alone; on Ctrl-C or
+SIGTERM the recipe passes one SIGINT to every run, starts none after, and waits until each has saved its
+``last.pt`` and stopped; a second interrupt passes a second SIGINT on, which aborts the runs without saving. A run
+that also hears the stop itself (SLURM and systemd signal every process of a job) takes the two as one
+(``interrupts.defer_sigint``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from transformer.checkpoint import RunDir
+from transformer.interrupts import Interrupted
 from transformer.overrides import override_value
 
 log = logging.getLogger(__name__)
@@ -66,7 +69,12 @@ class RunSpec:
         return [*train_command, *self.overrides, "training.progress_bar=false", *where]
 
 
-class RecipeInterrupted(KeyboardInterrupt):
+# How a run the recipe stopped ends: saved and exited after a signal (130, 143), or killed by one before it could
+# handle it (a run still starting up, one that heard SIGTERM twice)
+STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM)
+
+
+class RecipeInterrupted(Interrupted):
     """The recipe was interrupted; every run it had started has saved and stopped."""
 
 
@@ -81,6 +89,7 @@ class _Supervisor:
     running: dict[RunSpec, tuple[subprocess.Popen, IO[bytes]]] = field(default_factory=dict)
     failed: list[RunSpec] = field(default_factory=list)
     interrupts: int = 0  # Ctrl-C / SIGTERM received
+    first_signal: int = signal.SIGINT  # the signal of the first
     signalled: dict[int, int] = field(default_factory=dict)  # SIGINTs passed on, by process id
 
     @property
@@ -107,7 +116,9 @@ class _Supervisor:
             console.close()
             del self.running[spec]
             name = spec.label or spec.run.name
-            if process.returncode in (130, 143) and self.interrupted:  # SIGINT from here; SIGTERM from a scheduler
+            if process.returncode in STOPPED and (self.interrupts > 1 or process.returncode < 0):  # nothing saved
+                log.info("%s: stopped (%s)", name, spec.run)
+            elif process.returncode in STOPPED and self.interrupted:
                 log.info("%s: saved and stopped (%s)", name, spec.run)
             elif process.returncode != 0:
                 self.failed.append(spec)
@@ -118,6 +129,7 @@ class _Supervisor:
         without saving (as two Ctrl-C do to one run)."""
         self.interrupts += 1
         if self.interrupts == 1:
+            self.first_signal = signum
             log.warning("interrupted: every run saves and stops (interrupt again to abort them without saving)")
         self.pass_on()
 
@@ -212,8 +224,9 @@ def supervise(specs: Sequence[RunSpec], *, parallel: int = 1, train_command: Seq
             supervisor.stop_all()  # no run outlives the recipe
             raise
     if supervisor.interrupted:
-        raise RecipeInterrupted("interrupted: every run saved; run the recipe again, with the same overrides, to "
-                                "resume")
+        saved = "every run saved" if supervisor.interrupts == 1 else "the runs stopped at once, without saving"
+        raise RecipeInterrupted(f"interrupted: {saved}; run the recipe again, with the same overrides, to resume",
+                                supervisor.first_signal)
     if supervisor.failed:
         consoles = ", ".join(str(spec.console) for spec in supervisor.failed)
         raise RunFailed(f"a run failed (see {consoles}); run the recipe again, with the same overrides, to resume")

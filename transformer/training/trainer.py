@@ -130,6 +130,7 @@ class Trainer:
         self._start_seed: int | None = cfg.seed + dist.rank  # fresh runs: ranks draw different dropout masks
         self._interrupt_requested = False
         self._interrupt_signal = int(signal.SIGINT)  # the signal that asked for it; another rank's: SIGINT
+        self._interrupt_said = False
         self._in_step = False
         self._started = time.monotonic()
         self._first_step = 0  # the step this fit call started from: its pace is measured from there
@@ -317,6 +318,11 @@ class Trainer:
     def _after_step(self, window: StepWindow, bar: ProgressBar) -> str | None:
         """Checks, logging, validation and scheduled checkpoints after a step; a stop reason or None."""
         cfg = self.cfg
+        if self._interrupt_requested and not self._interrupt_said:
+            self._interrupt_said = True
+            if self.dist.is_main:
+                log.warning("interrupt: saving last.pt and stopping (interrupt again, a second or more later, to stop "
+                            "at once without saving)")
         validate = cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0
         save = cfg.save_every_steps is not None and self.step % cfg.save_every_steps == 0
         project = cfg.max_minutes is not None and self.step % cfg.log_every_steps == 0
@@ -433,8 +439,5 @@ class Trainer:
         and SIGTERM do this)."""
         self._interrupt_requested, self._interrupt_signal = True, int(signum)
 
-    def _on_sigint(self, signum: int) -> None:
+    def _on_sigint(self, signum: int) -> None:  # a signal handler: it logs nothing (a write it interrupts may be one)
         self.request_interrupt(signum)
-        if self.dist.is_main:
-            log.warning("interrupt: finishing this step and saving last.pt (a second interrupt aborts without "
-                        "saving)")

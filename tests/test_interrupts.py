@@ -123,3 +123,32 @@ def test_a_run_stopped_by_a_scheduler_saves_after_its_step_and_exits_143(toy_cor
     last = tmp_path / "run" / "checkpoints" / "last.pt"
     assert "interrupted at step" in said[-1] and f"saved {last} (resume=" in said[-1]
     assert load_checkpoint(last)["reason"] == "interrupt"
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_stops_every_rank_after_its_step_and_rank_0_saves(toy_corpus, tmp_path):
+    """A terminal's Ctrl-C reaches torchrun and both its workers, and torchrun passes it on to them (each rank hears
+    SIGINT twice; here the two mostly arrive before the rank's handler runs, and count once): the group finishes its
+    step, rank 0 saves ``last.pt`` and every rank stops, none aborted."""
+    from conftest import REPO
+
+    log = tmp_path / "torchrun.log"
+    with open(log, "w") as console:
+        group = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
+             str(REPO / "scripts" / "train.py"), "data=toy_copy", "model=tiny", "eval=greedy", "device=cpu",
+             "training.progress_bar=false", f"data.dir={toy_corpus}", "data.cache_dir=cache", "hydra.run.dir=run",
+             "training.max_epochs=100000", "training.max_minutes=null", "training.log_every_steps=1",
+             "training.threads=1"],
+            cwd=tmp_path, stdout=console, stderr=subprocess.STDOUT, start_new_session=True)  # a terminal's group
+        deadline = time.monotonic() + 300
+        while " step 3: loss" not in log.read_text():
+            assert group.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        os.killpg(group.pid, signal.SIGINT)  # Ctrl-C
+        group.wait(timeout=120)
+    said = log.read_text()
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    assert f"saved {last} (resume=" in said, said[-3000:]
+    assert load_checkpoint(last)["reason"] == "interrupt"
+    assert "Traceback" not in said.partition("interrupted at step")[0], said[-3000:]  # no rank aborted

@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from transformer.config import ConfigError
 from transformer.data.corpus import DataError, read_parallel
 from transformer.inference.loading import load_trained
 from transformer.inference.metrics import corpus_scores
+from transformer.interrupts import Interrupted, exit_status
 from transformer.training.checkpoints import save_checkpoint
 
 
@@ -209,6 +211,20 @@ def _upper_until(stop_at: str):
             raise KeyboardInterrupt
         return [[line.upper()] for line in lines]
     return translate_lines
+
+
+def test_a_translation_stopped_by_sigterm_keeps_its_windows_and_exits_as_sigterm(monkeypatch, tmp_path):
+    monkeypatch.setattr(translate_io, "WINDOW_LINES", 2)
+
+    def stopped_at_c(lines: list[str]) -> list[list[str]]:
+        if "c" in lines:
+            raise Interrupted(signum=signal.SIGTERM)  # a scheduler's stop
+        return [[line.upper()] for line in lines]
+
+    out = tmp_path / "out.txt"
+    with pytest.raises(Interrupted, match=r"lines 1-2 of 5 are in .*out\.txt\.partial$") as raised:
+        translate_io.translate_in_windows(["a", "b", "c", "d", "e"], stopped_at_c, str(out))
+    assert exit_status(raised.value) == 143 and Path(f"{out}.partial").read_text(encoding="utf-8") == "A\nB\n"
 
 
 def test_a_long_input_goes_out_window_by_window_and_an_interruption_keeps_the_windows_done(

@@ -3,6 +3,7 @@ stops at once; a command so stopped exits with 128 + the signal's number."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from transformer.checkpoint import load_checkpoint
-from transformer.interrupts import Interrupted, defer_sigint, exit_status, raise_interrupted
+from transformer.interrupts import Interrupted, defer_sigint, exit_status, interrupted_a_write, raise_interrupted
 
 
 def test_the_exit_status_is_128_plus_the_signal_and_a_plain_keyboard_interrupt_counts_as_ctrl_c():
@@ -87,6 +88,22 @@ def test_without_a_stop_the_loop_leaves_the_handlers_as_they_were(as_the_command
     assert signal.getsignal(signal.SIGTERM) is raise_interrupted
 
 
+def test_a_handler_knows_when_it_interrupted_a_log_lines_write():
+    seen = []
+
+    class Probe(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:  # called by logging, as a write to a stream is
+            seen.append(interrupted_a_write())
+
+    logger = logging.getLogger("test_interrupts.probe")
+    logger.addHandler(probe := Probe())
+    try:
+        logger.warning("a line")
+    finally:
+        logger.removeHandler(probe)
+    assert seen == [True] and interrupted_a_write() is False
+
+
 def test_a_later_sigterm_ends_the_process_as_sigterm_does():
     program = ("import os, signal, time\n"
                "from transformer.interrupts import defer_sigint\n"
@@ -115,7 +132,7 @@ def test_a_run_stopped_by_a_scheduler_saves_after_its_step_and_exits_143(toy_cor
         said.append(line)
         if " step 2: loss" in line:  # training
             run.send_signal(signal.SIGTERM)
-        if "interrupt: saving last.pt and stopping" in line:  # heard
+        if "interrupt: saving last.pt after this step" in line:  # heard
             run.send_signal(second)
             break
     said += run.stdout.readlines()

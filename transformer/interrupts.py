@@ -8,6 +8,7 @@ with 128 + the signal's number (130 after Ctrl-C, 143 after SIGTERM), as a shell
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import threading
 import time
@@ -37,6 +38,17 @@ def exit_status(interrupt: BaseException) -> int:
 def raise_interrupted(signum: int, frame: object) -> None:
     """A signal handler: raise ``Interrupted`` for ``signum`` where the program is (as SIGINT's default does)."""
     raise Interrupted(signum=signum)
+
+
+def interrupted_a_write() -> bool:
+    """Whether the signal handler this is called from interrupted a log line's or a progress bar's write: a write of
+    its own to the same stream would then fail as re-entrant, so it should say its piece later."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").partition(".")[0] in ("logging", "tqdm"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 SAME_STOP_SECONDS = 1.0  # a signal this soon after the first is the same stop, delivered twice

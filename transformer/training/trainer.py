@@ -41,7 +41,7 @@ from transformer.checkpoint import TRAINER_KEYS, CheckpointError, check_plain
 from transformer.config import TrainingConfig
 from transformer.data.prefetch import prefetched
 from transformer.inference.metrics import perplexity
-from transformer.interrupts import Interrupted, defer_sigint
+from transformer.interrupts import Interrupted, defer_sigint, interrupted_a_write
 from transformer.runtime import capture_rng_state, resolve_training, restore_rng_state, seed_everything
 from transformer.tracking import TRAIN_MINUTES, ProgressBar, Tracker
 from transformer.training import distributed
@@ -318,11 +318,8 @@ class Trainer:
     def _after_step(self, window: StepWindow, bar: ProgressBar) -> str | None:
         """Checks, logging, validation and scheduled checkpoints after a step; a stop reason or None."""
         cfg = self.cfg
-        if self._interrupt_requested and not self._interrupt_said:
-            self._interrupt_said = True
-            if self.dist.is_main:
-                log.warning("interrupt: saving last.pt and stopping (interrupt again, a second or more later, to stop "
-                            "at once without saving)")
+        if self._interrupt_requested:
+            self._say_interrupt()
         validate = cfg.validate_every_steps is not None and self.step % cfg.validate_every_steps == 0
         save = cfg.save_every_steps is not None and self.step % cfg.save_every_steps == 0
         project = cfg.max_minutes is not None and self.step % cfg.log_every_steps == 0
@@ -439,5 +436,13 @@ class Trainer:
         and SIGTERM do this)."""
         self._interrupt_requested, self._interrupt_signal = True, int(signum)
 
-    def _on_sigint(self, signum: int) -> None:  # a signal handler: it logs nothing (a write it interrupts may be one)
+    def _on_sigint(self, signum: int) -> None:
         self.request_interrupt(signum)
+        if not interrupted_a_write():  # said at once; else after the step
+            self._say_interrupt()
+
+    def _say_interrupt(self) -> None:
+        if self.dist.is_main and not self._interrupt_said:
+            log.warning("interrupt: saving last.pt after this step (interrupt again, a second or more later, to stop "
+                        "at once without saving)")
+        self._interrupt_said = True

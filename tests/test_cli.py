@@ -277,6 +277,20 @@ def test_an_interrupted_command_ends_in_one_line_and_exit_status_130(compose_con
                                                "continues it)")
 
 
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_before_the_commands_work_began_is_one_line_too(monkeypatch, capsys, stop) -> None:
+    # while Hydra composes the config or a module loads: outside run_command, inside the command's entry point
+    def main() -> None:
+        raise Interrupted(signum=stop)
+
+    monkeypatch.setattr(sys, "argv", ["transformer-translate", "run_dir=x"])
+    with pytest.raises(SystemExit) as exit_info:
+        failures.named_by_the_command(main)()
+    assert exit_info.value.code == 128 + stop
+    assert capsys.readouterr().err == ("transformer-translate: interrupted; what this command writes is written whole "
+                                       "or not at all\n")
+
+
 def test_other_errors_keep_their_traceback(compose_config) -> None:
     def command(cfg: TrainConfig) -> None:
         raise RuntimeError("a bug")

@@ -46,6 +46,9 @@ def command_log() -> logging.Logger:
     return logging.getLogger(f"transformer-{name.replace('_', '-')}" if name else "transformer")
 
 
+INTERRUPTED = "interrupted; what this command writes is written whole or not at all"
+
+
 def named_by_the_command(main: Callable[[], None]) -> Callable[[], None]:
     """``main`` whose refusals made before Hydra starts (``sys.exit(message)``) begin with the command's name, as
     ``transformer-train: max_steps: no such setting; ...``: as the errors met once it has started are logged under
@@ -53,13 +56,16 @@ def named_by_the_command(main: Callable[[], None]) -> Callable[[], None]:
 
     @functools.wraps(main)
     def named() -> None:
+        name = Path(sys.argv[0]).name
         try:
             main()
         except SystemExit as refusal:
-            name = Path(sys.argv[0]).name
             if isinstance(refusal.code, str) and not refusal.code.startswith(f"{name}: "):
                 raise SystemExit(f"{name}: {refusal.code}") from None
             raise
+        except KeyboardInterrupt as interrupt:  # before the command's own work began: Hydra composing, a module loading
+            print(f"{name}: {str(interrupt) or INTERRUPTED}", file=sys.stderr)
+            sys.exit(exit_status(interrupt))
 
     return named
 
@@ -95,7 +101,7 @@ def run_command(command: Callable[[Any], Any], cfg: DictConfig, *, typed: bool =
         forget_refused_run()
         sys.exit(1)
     except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: what was saved, in one line, not a traceback
-        log.error("%s", str(interrupt) or "interrupted; what this command writes is written whole or not at all")
+        log.error("%s", str(interrupt) or INTERRUPTED)
         sys.exit(exit_status(interrupt))
 
 

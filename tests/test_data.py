@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from transformer.data.splits import (
     MULTI30K_LANGS,
     MULTI30K_SHA256,
     MULTI30K_SPLITS,
+    anchored,
     corpus_paths,
     load_split,
     prepare_multi30k,
@@ -306,6 +308,19 @@ def test_corrupted_file_already_in_target_is_reported(tmp_path):
     (tmp_path / "val.en.gz").write_bytes(b"not the real file")
     with pytest.raises(DataError, match=r"val\.en\.gz: checksum mismatch: expected sha256 14f7d25d.*delete the file"):
         prepare_multi30k(tmp_path, langs=("en",), splits=("val",), source_dir=MULTI30K)
+
+
+def test_a_run_records_its_local_copy_absolute_and_a_relative_one_not_found_names_where_it_was_looked_for(
+        tmp_path, monkeypatch):
+    # MULTI30K_DIR=../shared/data/multi30k, as the README has it: later commands run from other folders
+    monkeypatch.chdir(tmp_path)
+    recorded = anchored(DataConfig(source_dir="../copy", dir="corpus"))
+    assert (recorded.source_dir, recorded.dir) == (str(tmp_path / ".." / "copy"), str(tmp_path / "corpus"))
+    assert anchored(DataConfig()).source_dir is None  # none given: downloaded
+    with pytest.raises(DataError, match=rf"=nowhere: directory not found \(relative to {re.escape(str(tmp_path))}, "
+                                        r"where this command runs\); point it at"):
+        prepare_multi30k(tmp_path / "target", langs=("en",), splits=("val",), source_dir="nowhere",
+                         base_url="http://127.0.0.1:9/never")
 
 
 def test_a_source_dir_that_does_not_exist_is_refused_not_downloaded_around(tmp_path):

@@ -349,8 +349,8 @@ def _write(out: Path, result: dict[str, Any]) -> None:
 def _measured(result: dict[str, Any]) -> str:
     """What an interrupted benchmark measured, in words: "training, the matmul peak, 2 decoding searches"."""
     parts = ["training"] + (["the matmul peak"] if "matmul_flops" in result else [])
-    if result["decoding"]:
-        parts.append(f"{len(result['decoding'])} decoding " + ("search" if len(result["decoding"]) == 1 else "searches"))
+    if searches := len(result["decoding"]):
+        parts.append(f"{searches} decoding " + ("search" if searches == 1 else "searches"))
     return ", ".join(parts)
 
 

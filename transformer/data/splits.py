@@ -179,8 +179,9 @@ def _fetch_multi30k_file(name: str, target: Path, source_dir: Path | None, base_
             "place the file there yourself or use data=custom"
         )
     if source_dir is not None and not source_dir.is_dir():  # a mistyped path, not a wish to download
-        raise DataError(f"data.source_dir (or env MULTI30K_DIR)={source_dir}: directory not found; point it at a "
-                        f"local copy of Multi30k, or leave it unset to download {name}")
+        where = "" if source_dir.is_absolute() else f" (relative to {Path.cwd()}, where this command runs)"
+        raise DataError(f"data.source_dir (or env MULTI30K_DIR)={source_dir}: directory not found{where}; point it at "
+                        f"a local copy of Multi30k, or leave it unset to download {name}")
     local = source_dir / name if source_dir is not None else None
     if local is not None and local.is_file():
         logger.info("copying %s -> %s", local, dest)
@@ -272,9 +273,11 @@ def _find_split_file(directory: Path, split: str, lang: str, cfg: DataConfig) ->
 
 
 def anchored(cfg: DataConfig) -> DataConfig:
-    """``cfg`` with ``data.dir`` and ``data.train_dir`` absolute, as a run records them: a relative folder means the
-    one under the directory the run started in, wherever the run is evaluated or resumed from later."""
-    paths = {key: str(Path(value).absolute()) for key in ("dir", "train_dir") if (value := getattr(cfg, key))}
+    """``cfg`` with ``data.dir``, ``data.train_dir`` and ``data.source_dir`` absolute, as a run records them: a
+    relative folder means the one under the directory the run started in, wherever the run is evaluated or resumed
+    from later (``MULTI30K_DIR=../shared/data/multi30k`` included)."""
+    folders = ("dir", "train_dir", "source_dir")
+    paths = {key: str(Path(value).absolute()) for key in folders if (value := getattr(cfg, key))}
     return replace(cfg, **paths)
 
 

@@ -179,6 +179,8 @@ def test_bad_choice_lists_valid_values(compose_config):
     ("training.weight_decay=-0.01", "training.weight_decay"),
     ("eval.max_len_b=-1", "eval.max_len_b"),
     ("model.max_positions=100", "model.max_positions"),  # data.max_len is 128
+    ("training.lr=inf", "training.lr"),  # passes "> 0", then trains into NaN
+    ("training.max_minutes=inf", "training.max_minutes"),  # null is no limit
 ])
 def test_bad_value_names_the_key(compose_config, override, key):
     with pytest.raises(ConfigError, match=f"^{key}:"):

@@ -9,6 +9,7 @@ it) is here; the other commands' root schemas are in ``transformer.app.schemas``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TypeVar
@@ -245,6 +246,10 @@ class TrainingConfig:
     progress_bar: bool = True  # a tqdm bar on a terminal
 
     def __post_init__(self) -> None:
+        for key in ("lr", "min_lr", "eps", "weight_decay", "r_drop", "max_minutes", "save_every_minutes",
+                    "clip_grad_norm"):  # inf passes "> 0" and trains into NaN (null: no limit, where there is one)
+            value = getattr(self, key)
+            check(value is None or math.isfinite(value), f"training.{key}", f"must be a finite number, got {value}")
         check(self.max_epochs > 0, "training.max_epochs", f"must be > 0, got {self.max_epochs}")
         check(self.max_steps is None or self.max_steps > 0, "training.max_steps", f"must be > 0, got {self.max_steps}")
         check(

@@ -326,6 +326,15 @@ def test_average_of_a_missing_checkpoint_is_one_line(monkeypatch, tmp_path) -> N
         cli.average_main()
 
 
+def test_average_into_a_folder_that_is_not_there_is_refused_before_reading(monkeypatch, tmp_path) -> None:
+    out = tmp_path / "nowhere" / "avg.pt"
+    monkeypatch.setattr(sys, "argv", ["transformer-average", str(out), str(tmp_path / "a.pt"), str(tmp_path / "b.pt")])
+    with pytest.raises(SystemExit, match=rf"^transformer-average: {re.escape(str(out))}: the directory "
+                                         rf"{re.escape(str(out.parent))} does not exist; create it or choose"):
+        cli.average_main()
+    assert not out.parent.exists()
+
+
 @pytest.mark.parametrize("argv, reason", [(["transformer-average"], ""),
                                           (["transformer-average", "avg.pt", "a.pt"],
                                            "transformer-average: one checkpoint (a.pt); averaging takes two or more\n")])

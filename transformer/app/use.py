@@ -162,6 +162,8 @@ def average(paths: list[str], out: str) -> None:
     if Path(out).exists():
         raise ConfigError(f"{out} exists; the first argument names the new file the average is written to "
                           "(transformer-average OUT.pt IN1.pt IN2.pt ...), so choose a new name")
+    if not (folder := Path(out).absolute().parent).is_dir():  # as transformer-translate's output: never made here
+        raise ConfigError(f"{out}: the directory {folder} does not exist; create it or choose another file")
     check_same_vocabularies([load_trained(path, torch.device("cpu"), retry_key=None) for path in paths],
                             "averaged checkpoints")
     first = ckpt.load_checkpoint(paths[0], map_location="cpu")

@@ -4,6 +4,7 @@ serving after each."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -189,8 +190,25 @@ def test_a_body_declared_as_anything_but_json_is_refused_415(served, content_typ
         assert refused.status_code == 415 and refused.json()["field"] == "Content-Type"
         assert refused.json()["error"] == (f"Content-Type: is {content_type!r}; send the body as JSON with "
                                            "'Content-Type: application/json'")
-    for declared in ("application/json; charset=utf-8", "Application/JSON", "application/merge-patch+json"):
+    for declared in ("application/json; charset=utf-8", "Application/JSON", "application/merge-patch+json",
+                     'application/json; charset="UTF-8"'):
         assert httpx.post(f"{url}/translate", content=body, headers={"Content-Type": declared}).status_code == 200
+
+
+def test_a_body_in_another_charset_or_compressed_is_refused_415_naming_the_header(served):
+    url, _ = served
+    latin = httpx.post(f"{url}/translate", content='{"text": "café"}'.encode("latin-1"),
+                       headers={"Content-Type": "application/json; charset=latin-1"})
+    assert latin.status_code == 415 and latin.json() == {
+        "error": "Content-Type: declares charset 'latin-1'; JSON is read as UTF-8 (RFC 8259): send it so, with "
+                 "charset=utf-8 or none", "field": "Content-Type"}
+    packed = httpx.post(f"{url}/translate", content=gzip.compress(b'{"text": "a b c"}'),
+                        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert packed.status_code == 415 and packed.json() == {
+        "error": "Content-Encoding: is 'gzip'; the server reads bodies uncompressed: send it without Content-Encoding",
+        "field": "Content-Encoding"}
+    assert httpx.post(f"{url}/translate", content=b'{"text": "a b c"}',
+                      headers={"Content-Type": "application/json", "Content-Encoding": "identity"}).status_code == 200
 
 
 def test_a_page_of_another_site_is_refused_and_the_servers_own_page_is_not(served):

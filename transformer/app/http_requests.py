@@ -26,9 +26,11 @@ class RequestError(Exception):
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The request body, refused with 403 when a browser sends it from another site's page, with 415 when it is
-    declared as something other than JSON and with 413 past ``limit`` bytes, before more of it is read."""
+    declared as something other than JSON (or compressed) and with 413 past ``limit`` bytes, before more of it is
+    read."""
     _not_from_another_site(request.headers.get("sec-fetch-site"))
     _json_declared(request.headers.get("content-type"))
+    _not_compressed(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestError(413, "body", f"{declared} bytes; a request takes at most {limit}")
@@ -64,6 +66,19 @@ def _json_declared(content_type: str | None) -> None:
                                                   and media_type.endswith("+json")):
         raise RequestError(415, "Content-Type", f"is {content_type!r}; send the body as JSON with "
                                                 "'Content-Type: application/json'")
+    for parameter in content_type.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            raise RequestError(415, "Content-Type", f"declares charset {charset!r}; JSON is read as UTF-8 (RFC 8259): "
+                                                    "send it so, with charset=utf-8 or none")
+
+
+def _not_compressed(content_encoding: str | None) -> None:
+    """Refuse a compressed body (``Content-Encoding: gzip``): the server reads bodies as they are sent."""
+    if content_encoding is not None and content_encoding.strip().lower() not in ("", "identity"):
+        raise RequestError(415, "Content-Encoding", f"is {content_encoding!r}; the server reads bodies uncompressed: "
+                                                    "send it without Content-Encoding")
 
 
 def parse_body(body: bytes) -> dict[str, Any]:

@@ -24,7 +24,7 @@ ATTENDED = {"type": "object", "properties": {
     "encoder": _MAPS, "decoder": _MAPS, "cross": _MAPS, "warnings": _STRINGS}}
 _REFUSED = {400: "the body is not UTF-8 or not JSON", 403: "a browser sent it from a page of another site",
             413: "the body, the sentences or the tokens exceed a limit",
-            415: "the body is declared as something other than JSON",
+            415: "the body is declared as something other than JSON in UTF-8, or compressed",
             422: "a field is missing, of the wrong type or out of range", 503: "attention maps are not available"}
 
 

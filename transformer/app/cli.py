@@ -18,7 +18,7 @@ from typing import Any, Callable
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.app import before_hydra, run_folder, schemas, sweeps
+from transformer.app import before_hydra, config_files, run_folder, schemas, sweeps
 from transformer.app.before_hydra import overrides_given
 from transformer.app.failures import (
     PATH_ERRORS,
@@ -178,6 +178,7 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
         before_hydra.refuse_malformed_overrides(sys.argv[1:])
         before_hydra.refuse_malformed_yaml(sys.argv[1:], Path(CONFIG_PATH))
         if schema is not None:
+            config_files.refuse_bad_config_files(sys.argv[1:], schema, Path(CONFIG_PATH))
             before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_resolving_the_run_folder(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")

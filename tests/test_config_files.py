@@ -57,6 +57,9 @@ def test_a_group_file_keys_its_group_and_a_missing_folder_is_named(tmp_path):
     assert refusal(tmp_path, "d_model: 64\nn_heads: 4\n", group="model") is None
     assert refusal(tmp_path, "d_model: 64\nn_head: 4\n", group="model", option="typo").endswith(
         "model/typo.yaml:2: model.n_head: no such setting; did you mean model.n_heads?")
+    with pytest.raises(SystemExit, match=r"^model=tinyy: no such option in .* or .*configs; did you mean model=tiny\? "
+                                         r"The options: .*typo"):  # the options of both folders
+        config_files.refuse_bad_config_files(["--config-dir", str(tmp_path), "model=tinyy"], TrainConfig, CONFIG_DIR)
     with pytest.raises(SystemExit, match=r"^--config-dir /no/such/folder: no such folder; give the folder that holds "
                                          r"your config groups"):
         config_files.refuse_bad_config_files(["--config-dir", "/no/such/folder"], TrainConfig, CONFIG_DIR)

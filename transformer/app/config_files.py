@@ -43,6 +43,12 @@ def refuse_bad_config_files(argv: list[str], schema: type, config_root: Path) ->
             continue  # flags, keys, nested groups and sweeps: Hydra's
         found = next((folder / group / f"{option}.yaml" for folder in folders
                       if (folder / group / f"{option}.yaml").is_file()), None)
+        options = sorted({p.stem for folder in folders for p in (folder / group).glob("*.yaml")})
+        if found is None and options and option != "null":
+            near = difflib.get_close_matches(option, options, n=1)
+            hint = f"did you mean {group}={near[0]}? " if near else ""
+            sys.exit(f"{group}={option}: no such option in {' or '.join(map(str, folders))}; {hint}The options: "
+                     f"{', '.join(options)}")
         if found is not None and not found.is_relative_to(config_root):
             _check_file(found, group, schema, folders)
 

@@ -75,6 +75,27 @@ def test_evaluate_warns_of_blank_lines_in_the_files_it_scores(trained_run, compo
            "are" in caplog.text
 
 
+def test_evaluate_reads_multi30k_from_this_machines_copy_when_the_recorded_one_is_not_here(
+        trained_run, compose_config, multi30k, tmp_path, monkeypatch):
+    # a run trained elsewhere, or before runs recorded the copy absolute: its source_dir is not found from here
+    state = torch.load(trained_run[0] / "checkpoints" / "final.pt", weights_only=True)
+    state["config"]["data"].update(corpus="multi30k", src="en", tgt="de", dir=str(tmp_path / "corpus"),
+                                   source_dir="../shared/data/multi30k")
+    save_checkpoint(state, tmp_path / "moved.pt")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    overrides = [f"checkpoint={tmp_path / 'moved.pt'}", "eval=greedy", "split=val", "longer_than=30"]
+    cfg = compose_config("evaluate", [*overrides, "output_dir=out"])
+    with pytest.raises(DataError, match=r"env MULTI30K_DIR\)=\.\./shared/data/multi30k: directory not found \(relative "
+                                        rf"to {re.escape(str(tmp_path))}, where this command runs\)"):
+        use.evaluate(OmegaConf.to_object(cfg))
+    monkeypatch.setenv("MULTI30K_DIR", str(multi30k))  # this machine's copy, as the message asks
+    result = use.evaluate(OmegaConf.to_object(compose_config("evaluate", [*overrides, "output_dir=out2"])))
+    scored = int(re.fullmatch(r"val\.en-de \(pairs with > 30 tokens on a side: (\d+)\)", result["test_set"])[1])
+    assert 0 < scored == len((tmp_path / "out2" / "hypotheses.txt").read_text(encoding="utf-8").splitlines()) < 1014
+    assert sorted(p.name for p in (tmp_path / "corpus").iterdir()) == ["val.de.gz", "val.en.gz"]  # copied, verified
+
+
 def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_config, tmp_path):
     run_dir, _ = trained_run
     test_src = (run_dir.parent / "toy" / "test.src").read_text(encoding="utf-8").splitlines()

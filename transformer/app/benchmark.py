@@ -42,7 +42,7 @@ from transformer.app.schemas import BenchmarkConfig
 from transformer.config import ModelConfig, TrainConfig, to_plain_dict
 from transformer.data.batching import TokenBucketSampler
 from transformer.data.prefetch import prefetched
-from transformer.data.splits import load_split
+from transformer.data.splits import load_split, with_local_copy
 from transformer.inference.loading import TrainedModel, load_trained
 from transformer.inference.translation import decodes_in_bf16, decoding_model, translate
 from transformer.interrupts import Interrupted, signal_of
@@ -259,7 +259,8 @@ def benchmark_decoding(cfg: BenchmarkConfig, device: torch.device, work_dir: Pat
     ``trained`` model (``cfg.checkpoint`` loaded), else a random one of ``cfg.model``. Yields each search's row as
     it is measured."""
     if trained is not None:
-        model, src_tok, tgt_tok, data = trained.model.to(device), trained.src_tok, trained.tgt_tok, trained.config.data
+        model, src_tok, tgt_tok = trained.model.to(device), trained.src_tok, trained.tgt_tok
+        data = with_local_copy(trained.config.data)
     else:
         train_cfg = TrainConfig(data=cfg.data, model=cfg.model, output_dir=str(work_dir))
         dist = DistContext.single(device)

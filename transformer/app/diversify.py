@@ -27,7 +27,7 @@ from transformer.app.translate_io import check_output_folder
 from transformer.checkpoint import CheckpointError
 from transformer.config import ConfigError, to_plain_dict
 from transformer.data.corpus import DataError
-from transformer.data.splits import corpus_paths, load_split
+from transformer.data.splits import corpus_paths, load_split, with_local_copy
 from transformer.inference.loading import TrainedModel, load_model
 from transformer.inference.sampling import generator
 from transformer.inference.translation import translate
@@ -42,7 +42,7 @@ def run(cfg: DiversifyConfig) -> dict[str, Any]:
     check_output_folder("out_dir", cfg.out_dir)  # before any model loads or sentence is translated
     device = choose_device(cfg.device)
     forward = _load("forward", cfg.forward, device)
-    data = replace(forward.config.data, train_dir=None)  # the corpus's own training split, whatever trained them
+    data = replace(with_local_copy(forward.config.data), train_dir=None)  # the corpus's own training split
     check_free(cfg.out_dir, data.train_split, data.src, data.tgt)
     backward = _load("backward", cfg.backward, device) if cfg.backward else None
     if backward is not None and (backward.config.data.src, backward.config.data.tgt) != (data.tgt, data.src):

@@ -25,7 +25,7 @@ from transformer.app.translate_io import (
 )
 from transformer.config import ConfigError, to_plain_dict
 from transformer.data.corpus import DataError, read_parallel
-from transformer.data.splits import load_split, warn_of_empty_sides
+from transformer.data.splits import load_split, warn_of_empty_sides, with_local_copy
 from transformer.data.tokenizer import Tokenizer
 from transformer.inference.attention_maps import check_indices, dump_attention
 from transformer.inference.loading import check_same_vocabularies, load_model, load_trained
@@ -68,7 +68,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     else:
         split = cfg.split or data.test_split
         try:
-            src, refs = load_split(data, split)
+            src, refs = load_split(with_local_copy(data), split)
         except DataError as error:  # a corpus moved, or recorded relative to another folder before version 0.9.2
             raise DataError(f"{error}; or score files of your own: src_file=... ref_file=...") from None
         name = f"{split}.{data.src}-{data.tgt}"

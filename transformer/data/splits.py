@@ -281,6 +281,16 @@ def anchored(cfg: DataConfig) -> DataConfig:
     return replace(cfg, **paths)
 
 
+def with_local_copy(cfg: DataConfig) -> DataConfig:
+    """A trained run's ``cfg`` as this machine reads its corpus: env ``MULTI30K_DIR``, when set, names this
+    machine's local copy of Multi30k, in place of the copy the run recorded (a folder of the machine and the
+    directory it was trained in, or a relative one that older runs recorded)."""
+    local = os.environ.get("MULTI30K_DIR")
+    if cfg.corpus is not CorpusKind.multi30k or not local:
+        return cfg
+    return replace(cfg, source_dir=str(Path(local).absolute()))
+
+
 def refuse_unknown_split(cfg: DataConfig, split: str) -> None:
     """Refuse a split of Multi30k that it does not have and that no file placed in ``data.dir`` provides, naming the
     key that asks for it (``split`` where none does: a command's own); for another corpus, nothing to check."""

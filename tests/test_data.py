@@ -92,6 +92,24 @@ def test_invalid_utf8_names_line_and_byte_offset(tmp_path, compress):
     assert str(info.value).startswith(f"{path}:3: invalid UTF-8 at byte 9 (byte 2 of the line)")
 
 
+@pytest.mark.parametrize("compress", [False, True])
+def test_utf16_and_nul_bytes_are_refused_naming_the_line_and_the_fix(tmp_path, compress):
+    text = "ein Hund\nzwei Katzen\n"
+    path = _write(tmp_path / ("u16.gz" if compress else "u16.txt"), text.encode("utf-16"), compress)  # with its BOM
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: UTF-16, not UTF-8 \(it begins with UTF-16's "
+                                        rf"byte-order mark\); convert it: iconv -f UTF-16 -t UTF-8 {re.escape(str(path))}"):
+        read_lines(path)
+    path = _write(tmp_path / "u16le.txt", text.encode("utf-16-le"))  # no BOM: valid UTF-8, every other byte NUL
+    with pytest.raises(DataError, match=r"u16le\.txt:1: a NUL byte \(byte 1 of the line\): UTF-16 without a "
+                                        r"byte-order mark, or not a text file\? .*tr -d '\\000' < .*u16le\.txt > NEW$"):
+        read_lines(path)
+    lines = [f"line {i}" for i in range(300)]  # a stray NUL in a later block
+    lines[250] = "line\0 250"
+    path = _write(tmp_path / ("nul.gz" if compress else "nul.txt"), "\n".join(lines).encode(), compress)
+    with pytest.raises(DataError, match=r"nul\.(gz|txt):251: a NUL byte \(byte 4 of the line\)"):
+        list(iter_line_blocks(path, block_bytes=100))
+
+
 def test_corrupt_gzip_is_reported(tmp_path):
     path = _write(tmp_path / "x.gz", gzip.compress(b"one\ntwo\n")[:-12])
     with pytest.raises(DataError, match=r"x\.gz: cannot read the file"):

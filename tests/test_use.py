@@ -396,6 +396,11 @@ def test_translate_reads_lines_as_the_corpus_reader_does(compose_config, trained
     source.write_bytes(b"a b\nc \xff d\n")
     with pytest.raises(ConfigError, match=rf"^input: {source}:2 is not valid UTF-8"):
         use.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}", "overwrite=true")))
+    for data, found in ((b"a b\nc\0d\n", r":2: a NUL byte \(byte 1 of the line\)"),
+                        ("a b\n".encode("utf-16"), r":1: UTF-16, not UTF-8")):
+        source.write_bytes(data)
+        with pytest.raises(ConfigError, match=rf"^input: {source}{found}"):
+            use.translate(OmegaConf.to_object(translate(f"input={source}", f"output={out}", "overwrite=true")))
     with pytest.raises(ConfigError, match=r"^output: the directory .*nowhere does not exist"):
         use.translate(OmegaConf.to_object(translate(f"input={source}", f"output={tmp_path / 'nowhere' / 'o'}")))
     source.write_text("a b\n", encoding="utf-8")

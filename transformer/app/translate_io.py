@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from transformer import files
 from transformer.config import ConfigError
+from transformer.data.corpus import not_plain_text
 from transformer.interrupts import Interrupted, signal_of
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ def check_output_folder(key: str, path: str | Path) -> None:
 def read_lines(path: str | None) -> list[str]:
     """The lines of ``path`` (stdin if None), split at newlines only: a form feed or U+2028 inside a line stays
     in it, so there is one output line per input line. A Windows ``\\r\\n`` ending counts as one newline, and a
-    UTF-8 byte-order mark at the start is dropped; gzip-compressed input is decompressed."""
+    UTF-8 byte-order mark at the start is dropped; gzip-compressed input is decompressed. UTF-16 and NUL bytes
+    are refused naming the line, before anything is translated."""
     name = "stdin" if path is None else path
     if path is None and sys.stdin is None:
         raise ConfigError("input: stdin is closed; give input=FILE, or pipe the sentences in")
@@ -78,6 +80,8 @@ def read_lines(path: str | None) -> list[str]:
         rows.pop()  # the newline that ends the last line
     lines = []
     for number, row in enumerate(rows, start=1):
+        if (found := not_plain_text(row, number, path or "FILE")) is not None:  # before any line is translated
+            raise ConfigError(f"input: {name}:{number}: {found}")
         try:
             lines.append(row.removesuffix(b"\r").decode("utf-8"))
         except UnicodeDecodeError as error:

@@ -39,8 +39,23 @@ def _open_binary(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if compressed else open(path, "rb")  # type: ignore[return-value]
 
 
+def not_plain_text(raw: bytes, number: int, name: str | Path) -> str | None:
+    """What a file's line ``number`` (bytes ``raw``) shows it to be, when that is not UTF-8 text but one of two common
+    mistakes: UTF-16 (as Windows' editors save "Unicode"), or a file that is not text; None for anything else. The
+    fix names the file, ``name``."""
+    if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return (f"UTF-16, not UTF-8 (it begins with UTF-16's byte-order mark); convert it: "
+                f"iconv -f UTF-16 -t UTF-8 {name} > NEW")
+    if (nul := raw.find(b"\0")) >= 0:
+        return (f"a NUL byte (byte {nul} of the line): UTF-16 without a byte-order mark, or not a text file? A text "
+                f"file with stray NUL bytes can do without them: tr -d '\\000' < {name} > NEW")
+    return None
+
+
 def _decode_error(path: Path, block: list[bytes], number: int, offset: int) -> DataError:
     """The error for the first line of ``block`` (starting at line ``number``, byte ``offset``) that is not UTF-8."""
+    if number == 1 and (found := not_plain_text(block[0], number, path)) is not None:
+        return DataError(f"{path}:1: {found}")
     for raw in block:
         try:
             raw.decode("utf-8")
@@ -60,7 +75,8 @@ def iter_line_blocks(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[l
     which keeps reading large corpora fast without holding them in memory.
 
     Raises:
-        DataError: the file is missing, empty, not valid gzip, or not UTF-8 (with line and byte offset).
+        DataError: the file is missing, empty, not valid gzip, not UTF-8 (with line and byte offset), or has a NUL
+            byte (UTF-16 or binary; :func:`not_plain_text`).
     """
     path = Path(path)
     if not path.is_file():
@@ -76,6 +92,9 @@ def iter_line_blocks(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[l
                 lines = text.split("\n")
                 if lines[-1] == "":  # the block's last line ended with a newline
                     lines.pop()
+                if "\0" in text:
+                    at = next(i for i, line in enumerate(lines) if "\0" in line)
+                    raise DataError(f"{path}:{number + at}: {not_plain_text(block[at], number + at, path)}")
                 if "\r" in text:
                     lines = [line.removesuffix("\r") for line in lines]
                 if number == 1:

@@ -414,6 +414,17 @@ def _train_command(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
     )
 
 
+def test_output_dir_is_the_whole_run_folder_log_and_config_record_included(toy_corpus: Path, tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "first"
+    done = _train_command(tmp_path, "data=toy_copy", "model=tiny", "eval=greedy", "training.progress_bar=false",
+                          f"data.dir={toy_corpus}", "data.cache_dir=cache", "training.max_tokens=256",
+                          "training.max_steps=2", "device=cpu", f"output_dir={run}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "training stopped (max_steps) at step 2" in (run / "train.log").read_text(encoding="utf-8")
+    assert "max_steps: 2" in (run / ".hydra" / "config.yaml").read_text(encoding="utf-8")
+    assert (run / "checkpoints" / "final.pt").is_file() and not (tmp_path / "outputs").exists()
+
+
 def test_resume_takes_the_recipe_from_the_run(toy_corpus: Path, tmp_path: Path) -> None:
     """Started with a recipe on the command line (into ``output_dir``, so Hydra's own record of it lies elsewhere),
     continued from a checkpoint file with only ``resume=`` and a longer ``max_steps``: the recipe comes back from

@@ -134,3 +134,31 @@ def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tm
     run_folder.refuse_unwritable_run_folders([f"hydra.run.dir={tmp_path / 'locked'}/${{now:%H}}"])  # Hydra's
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "locked"]  # nothing made by the check
     assert list((tmp_path / "locked").iterdir()) == []
+
+
+def test_output_dir_names_the_whole_run_folder_and_its_refusals_name_output_dir(tmp_path):
+    assert run_folder.output_dir_as_run_dir(["train", f"output_dir={tmp_path / 'my run'}"]) == [
+        f"hydra.run.dir='{tmp_path / 'my run'}'"]
+    for argv in (["output_dir=a", "hydra.run.dir=b"], ["output_dir=a", "resume=r"], ["-m", "output_dir=a"],
+                 ["output_dir=${hydra:runtime.cwd}/a"], ["training.lr=0.1"]):
+        assert run_folder.output_dir_as_run_dir(["train", *argv]) == []
+    assert run_folder.output_dir_as_run_dir(["train", "output_dir=a", "resume=auto"]) == ["hydra.run.dir=a"]
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as refused:
+        run_folder.refuse_unwritable_run_folders([f"output_dir={tmp_path / 'afile'}",
+                                                  f"hydra.run.dir={tmp_path / 'afile'}"])
+    assert str(refused.value.code).startswith(f"output_dir: {tmp_path / 'afile'} is a file, not a folder")
+
+
+def test_the_run_folder_is_made_before_hydra_and_what_stops_it_is_one_line(tmp_path, monkeypatch):
+    run_folder.make_the_run_folder([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
+    assert (tmp_path / "new" / "run").is_dir()
+    long = tmp_path / ("a" * 300)  # longer than a name may be on any common file system
+    with pytest.raises(SystemExit) as refused:
+        run_folder.make_the_run_folder([f"output_dir={long}", f"hydra.run.dir={long}"])
+    assert refused.value.code == f"output_dir: {long}: file name too long; name another folder"
+    for argv in ([f"hydra.run.dir={tmp_path / 'looked'}", "--cfg", "job"], ["-m", f"hydra.run.dir={tmp_path / 'm'}"]):
+        run_folder.make_the_run_folder(argv)
+    monkeypatch.setenv("RANK", "1")
+    run_folder.make_the_run_folder([f"hydra.run.dir={tmp_path / 'rank1'}"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]

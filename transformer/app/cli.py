@@ -182,7 +182,10 @@ def _setup(schema: type | None = None, command: str = "", check: Callable[[DictC
             before_hydra.refuse_mistyped_keys(schema, sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_unknown_options(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
             before_hydra.refuse_resolving_the_run_folder(sys.argv[1:], Path(CONFIG_PATH) / f"{command}.yaml")
+    if command in run_folder.RUN_FOLDER_COMMANDS:
+        sys.argv = run_folder.with_overrides(sys.argv, run_folder.output_dir_as_run_dir(sys.argv[1:]))
     run_folder.refuse_unwritable_run_folders(sys.argv[1:])
+    run_folder.make_the_run_folder(sys.argv[1:])
     run_folder.name_a_full_disk_under_hydras_snapshot()
     _stop_on_signals()
     _log_own_warnings()

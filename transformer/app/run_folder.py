@@ -14,6 +14,7 @@ from typing import Any
 from hydra.errors import HydraException
 
 from transformer.app.before_hydra import flag, only_looks, overrides_given
+from transformer.app.failures import path_error_line
 from transformer.config import ConfigError
 from transformer.overrides import override_value
 
@@ -49,6 +50,28 @@ def name_a_full_disk_under_hydras_snapshot() -> None:
     hydra_utils._save_config = save_or_name_a_full_disk
 
 
+RUN_FOLDER_COMMANDS = ("train", "evaluate", "benchmark")  # their output_dir is the run folder, Hydra's by default
+
+
+def output_dir_as_run_dir(argv: list[str]) -> list[str]:
+    """``output_dir=DIR`` without ``hydra.run.dir`` (nor a resume, nor a sweep): the Hydra setting that makes DIR the
+    command's folder too, so that its log and ``.hydra/`` record of the config go where its results go, not into a
+    timestamped folder of their own."""
+    if "-m" in argv or "--multirun" in argv or (given := _given(argv)) is None:
+        return []
+    out = given.get("output_dir")
+    if out is None or "hydra.run.dir" in given or given.get("resume") not in (None, "auto") or "${" in str(out):
+        return []
+    return [f"hydra.run.dir={override_value(str(out))}"]
+
+
+def _run_dir_key(given: dict[str, Any]) -> str:
+    """The key the command line named the run folder by: ``output_dir`` where that made ``hydra.run.dir``."""
+    named_by_output_dir = given.get("output_dir") is not None and str(given["output_dir"]) == str(
+        given.get("hydra.run.dir"))
+    return "output_dir" if named_by_output_dir else "hydra.run.dir"
+
+
 def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     """Before Hydra writes anything (``.hydra/``, the log) into ``hydra.run.dir``: refuse a folder holding another
     run's work, so a refused command leaves it byte for byte as it was. ``train`` refuses a folder with
@@ -67,11 +90,12 @@ def refuse_a_taken_run_dir(command: str, argv: list[str]) -> None:
     resume = given.get("resume")
     resumes_it = resume == "auto" or (resume is not None and folder.resolve() in
                                       (Path(str(resume)).resolve(), *Path(str(resume)).resolve().parents))
+    key = _run_dir_key(given)
     if command == "train" and not resumes_it and any((folder / "checkpoints").glob("*.pt")):
-        sys.exit(f"hydra.run.dir: {folder} already holds a run's checkpoints, which a new run would overwrite; "
+        sys.exit(f"{key}: {folder} already holds a run's checkpoints, which a new run would overwrite; "
                  f"continue it with resume={folder}, or train into another directory")
     if command == "evaluate" and given.get("overwrite") is not True and (taken := results_in(folder)):
-        sys.exit(f"hydra.run.dir: {folder} {taken}")
+        sys.exit(f"{key}: {folder} {taken}")
 
 
 def results_in(folder: Path) -> str | None:
@@ -102,7 +126,7 @@ def refuse_a_held_run_dir(argv: list[str]) -> None:
     else:
         return
     if (holder := holder_of(folder)) is not None:
-        key = "resume" if given.get("resume") not in (None, "auto") else "hydra.run.dir"
+        key = "resume" if given.get("resume") not in (None, "auto") else _run_dir_key(given)
         sys.exit(in_use_message(key, folder, holder))
 
 
@@ -113,7 +137,22 @@ def refuse_unwritable_run_folders(argv: list[str]) -> None:
         return
     for key in ("hydra.run.dir", "hydra.sweep.dir"):
         if given.get(key) is not None and "${" not in str(given[key]):
-            refuse_an_unwritable_folder(key, Path(str(given[key])))
+            named = _run_dir_key(given) if key == "hydra.run.dir" else key
+            refuse_an_unwritable_folder(named, Path(str(given[key])))
+
+
+def make_the_run_folder(argv: list[str]) -> None:
+    """Make the ``hydra.run.dir`` that ``argv`` names, as Hydra would next, naming in one line what stops it where
+    Hydra prints a traceback: a name too long, a file system that takes no new folders (``/proc``). Nothing for a
+    command that only looks, a sweep, a rank above 0, or a folder built by interpolation (Hydra's)."""
+    if only_looks(argv) or os.environ.get("RANK", "0") != "0" or "-m" in argv or "--multirun" in argv:
+        return
+    if (given := _given(argv)) is None or given.get("hydra.run.dir") is None or "${" in str(given["hydra.run.dir"]):
+        return
+    try:
+        Path(str(given["hydra.run.dir"])).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        sys.exit(f"{_run_dir_key(given)}: {path_error_line(error)}; name another folder")
 
 
 def refuse_an_unwritable_folder(key: str, folder: Path) -> None:

@@ -95,10 +95,15 @@ def test_invalid_utf8_names_line_and_byte_offset(tmp_path, compress):
 @pytest.mark.parametrize("compress", [False, True])
 def test_utf16_and_nul_bytes_are_refused_naming_the_line_and_the_fix(tmp_path, compress):
     text = "ein Hund\nzwei Katzen\n"
-    path = _write(tmp_path / ("u16.gz" if compress else "u16.txt"), text.encode("utf-16"), compress)  # with its BOM
-    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:1: UTF-16, not UTF-8 \(it begins with UTF-16's "
-                                        rf"byte-order mark\); convert it: iconv -f UTF-16 -t UTF-8 {re.escape(str(path))}"):
+    path = _write(tmp_path / ("u 16.gz" if compress else "u 16.txt"), text.encode("utf-16"), compress)  # with a BOM
+    fix = (f"gzip -dc '{path}' | iconv -f UTF-16 -t UTF-8 | gzip > NEW.gz" if compress else
+           f"iconv -f UTF-16 -t UTF-8 < '{path}' > NEW")  # quoted for the shell: the name has a space
+    with pytest.raises(DataError) as info:
         read_lines(path)
+    assert str(info.value) == f"{path}:1: UTF-16, not UTF-8 (it begins with UTF-16's byte-order mark); convert it: {fix}"
+    fixed = tmp_path / ("NEW.gz" if compress else "NEW")
+    subprocess.run(fix, shell=True, cwd=tmp_path, check=True)  # the fix as given works
+    assert read_lines(fixed) == ["ein Hund", "zwei Katzen"]
     path = _write(tmp_path / "u16le.txt", text.encode("utf-16-le"))  # no BOM: valid UTF-8, every other byte NUL
     with pytest.raises(DataError, match=r"u16le\.txt:1: a NUL byte \(byte 1 of the line\): UTF-16 without a "
                                         r"byte-order mark, or not a text file\? .*tr -d '\\000' < .*u16le\.txt > NEW$"):
@@ -108,6 +113,9 @@ def test_utf16_and_nul_bytes_are_refused_naming_the_line_and_the_fix(tmp_path, c
     path = _write(tmp_path / ("nul.gz" if compress else "nul.txt"), "\n".join(lines).encode(), compress)
     with pytest.raises(DataError, match=r"nul\.(gz|txt):251: a NUL byte \(byte 4 of the line\)"):
         list(iter_line_blocks(path, block_bytes=100))
+    path = _write(tmp_path / "first.txt", b"ok\nc\0d\ne \xff f\n")  # the first bad line is named, whatever is wrong
+    with pytest.raises(DataError, match=r"first\.txt:2: a NUL byte \(byte 1 of the line\)"):
+        read_lines(path)
 
 
 def test_corrupt_gzip_is_reported(tmp_path):

@@ -139,10 +139,14 @@ def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra(tm
 def test_output_dir_names_the_whole_run_folder_and_its_refusals_name_output_dir(tmp_path):
     assert run_folder.output_dir_as_run_dir(["train", f"output_dir={tmp_path / 'my run'}"]) == [
         f"hydra.run.dir='{tmp_path / 'my run'}'"]
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a training run's folder: its .hydra/ is its record
     for argv in (["output_dir=a", "hydra.run.dir=b"], ["output_dir=a", "resume=r"], ["-m", "output_dir=a"],
-                 ["output_dir=${hydra:runtime.cwd}/a"], ["training.lr=0.1"]):
-        assert run_folder.output_dir_as_run_dir(["train", *argv]) == []
+                 ["hydra.mode=MULTIRUN", "output_dir=a,b"], ["output_dir=a,b"], ["output_dir=a", "--cfg", "job"],
+                 ["output_dir=${hydra:runtime.cwd}/a"], ["training.lr=0.1"], [f"output_dir={tmp_path / 'run'}"]):
+        assert run_folder.output_dir_as_run_dir(["train", *argv]) == [], argv
     assert run_folder.output_dir_as_run_dir(["train", "output_dir=a", "resume=auto"]) == ["hydra.run.dir=a"]
+    assert run_folder.output_dir_as_run_dir(["train", f"output_dir={tmp_path / 'run'}", "resume=auto"]) == [
+        f"hydra.run.dir={tmp_path / 'run'}"]  # continued: the run's own folder
     (tmp_path / "afile").write_text("x")
     with pytest.raises(SystemExit) as refused:
         run_folder.refuse_unwritable_run_folders([f"output_dir={tmp_path / 'afile'}",
@@ -157,8 +161,10 @@ def test_the_run_folder_is_made_before_hydra_and_what_stops_it_is_one_line(tmp_p
     with pytest.raises(SystemExit) as refused:
         run_folder.make_the_run_folder([f"output_dir={long}", f"hydra.run.dir={long}"])
     assert refused.value.code == f"output_dir: {long}: file name too long; name another folder"
-    for argv in ([f"hydra.run.dir={tmp_path / 'looked'}", "--cfg", "job"], ["-m", f"hydra.run.dir={tmp_path / 'm'}"]):
+    for argv in ([f"hydra.run.dir={tmp_path / 'looked'}", "--cfg", "job"], ["-m", f"hydra.run.dir={tmp_path / 'm'}"],
+                 ["hydra.mode=MULTIRUN", f"hydra.run.dir={tmp_path / 'm'}"], [f"hydra.run.dir={tmp_path / 'a'},b"]):
         run_folder.make_the_run_folder(argv)
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("RANK", "1")  # under torchrun rank 0 makes the folder; the others make none
     run_folder.make_the_run_folder([f"hydra.run.dir={tmp_path / 'rank1'}"])
+    assert run_folder.output_dir_as_run_dir(["train", f"output_dir={tmp_path / 'rank1'}"]) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]

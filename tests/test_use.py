@@ -77,10 +77,10 @@ def test_evaluate_warns_of_blank_lines_in_the_files_it_scores(trained_run, compo
 
 def test_evaluate_reads_multi30k_from_this_machines_copy_when_the_recorded_one_is_not_here(
         trained_run, compose_config, multi30k, tmp_path, monkeypatch):
-    # a run trained elsewhere, or before runs recorded the copy absolute: its source_dir is not found from here
+    # a run trained on another machine: neither its copy of Multi30k nor its data.dir is here
     state = torch.load(trained_run[0] / "checkpoints" / "final.pt", weights_only=True)
-    state["config"]["data"].update(corpus="multi30k", src="en", tgt="de", dir=str(tmp_path / "corpus"),
-                                   source_dir="../shared/data/multi30k")
+    state["config"]["data"].update(corpus="multi30k", src="en", tgt="de", dir="/nowhere/alice/data/multi30k",
+                                   source_dir="../shared/data/multi30k")  # relative, as runs before 0.9.18 have it
     save_checkpoint(state, tmp_path / "moved.pt")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MULTI30K_DIR", raising=False)
@@ -93,7 +93,14 @@ def test_evaluate_reads_multi30k_from_this_machines_copy_when_the_recorded_one_i
     result = use.evaluate(OmegaConf.to_object(compose_config("evaluate", [*overrides, "output_dir=out2"])))
     scored = int(re.fullmatch(r"val\.en-de \(pairs with > 30 tokens on a side: (\d+)\)", result["test_set"])[1])
     assert 0 < scored == len((tmp_path / "out2" / "hypotheses.txt").read_text(encoding="utf-8").splitlines()) < 1014
-    assert sorted(p.name for p in (tmp_path / "corpus").iterdir()) == ["val.de.gz", "val.en.gz"]  # copied, verified
+    assert sorted(p.name for p in (tmp_path / "data" / "multi30k").iterdir()) == ["val.de.gz", "val.en.gz"]  # as a
+    # new run here would have them: copied and verified
+    state["config"]["data"].update(source_dir=str(multi30k), dir=None)  # the recorded copy is here: it is read,
+    save_checkpoint(state, tmp_path / "here.pt")  # whatever MULTI30K_DIR says
+    monkeypatch.setenv("MULTI30K_DIR", str(tmp_path / "stale"))
+    cfg = compose_config("evaluate", [f"checkpoint={tmp_path / 'here.pt'}", "eval=greedy", "split=test_2016_flickr",
+                                      "longer_than=30", "output_dir=out3"])
+    assert use.evaluate(OmegaConf.to_object(cfg))["test_set"].startswith("test_2016_flickr.en-de")
 
 
 def test_evaluate_longer_than_scores_only_the_long_pairs(trained_run, compose_config, tmp_path):

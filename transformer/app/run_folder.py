@@ -15,6 +15,7 @@ from hydra.errors import HydraException
 
 from transformer.app.before_hydra import flag, only_looks, overrides_given
 from transformer.app.failures import path_error_line
+from transformer.app.sweeps import is_a_sweep
 from transformer.config import ConfigError
 from transformer.overrides import override_value
 
@@ -54,15 +55,19 @@ RUN_FOLDER_COMMANDS = ("train", "evaluate", "benchmark")  # their output_dir is 
 
 
 def output_dir_as_run_dir(argv: list[str]) -> list[str]:
-    """``output_dir=DIR`` without ``hydra.run.dir`` (nor a resume, nor a sweep): the Hydra setting that makes DIR the
-    command's folder too, so that its log and ``.hydra/`` record of the config go where its results go, not into a
-    timestamped folder of their own."""
-    if "-m" in argv or "--multirun" in argv or (given := _given(argv)) is None:
+    """``output_dir=DIR`` on rank 0 of a command that runs: the Hydra setting that makes DIR the command's folder too,
+    so that its log and ``.hydra/`` record of the config go where its results go, not into a timestamped folder of
+    their own. Nothing where ``hydra.run.dir``, a resume or a sweep chooses the folder, nor for a training run's
+    folder that is not being continued (``resume=auto``): its ``.hydra/`` keeps the record of how the run began."""
+    if only_looks(argv) or is_a_sweep(argv) or os.environ.get("RANK", "0") != "0" or (given := _given(argv)) is None:
         return []
     out = given.get("output_dir")
-    if out is None or "hydra.run.dir" in given or given.get("resume") not in (None, "auto") or "${" in str(out):
+    if not isinstance(out, str) or "${" in out or "hydra.run.dir" in given:
         return []
-    return [f"hydra.run.dir={override_value(str(out))}"]
+    resume = given.get("resume")
+    if resume not in (None, "auto") or (resume is None and (Path(out) / "checkpoints").is_dir()):
+        return []
+    return [f"hydra.run.dir={override_value(out)}"]
 
 
 def _run_dir_key(given: dict[str, Any]) -> str:
@@ -145,12 +150,13 @@ def make_the_run_folder(argv: list[str]) -> None:
     """Make the ``hydra.run.dir`` that ``argv`` names, as Hydra would next, naming in one line what stops it where
     Hydra prints a traceback: a name too long, a file system that takes no new folders (``/proc``). Nothing for a
     command that only looks, a sweep, a rank above 0, or a folder built by interpolation (Hydra's)."""
-    if only_looks(argv) or os.environ.get("RANK", "0") != "0" or "-m" in argv or "--multirun" in argv:
+    if only_looks(argv) or os.environ.get("RANK", "0") != "0" or is_a_sweep(argv):
         return
-    if (given := _given(argv)) is None or given.get("hydra.run.dir") is None or "${" in str(given["hydra.run.dir"]):
+    folder = None if (given := _given(argv)) is None else given.get("hydra.run.dir")
+    if not isinstance(folder, str) or "${" in folder:
         return
     try:
-        Path(str(given["hydra.run.dir"])).mkdir(parents=True, exist_ok=True)
+        Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as error:
         sys.exit(f"{_run_dir_key(given)}: {path_error_line(error)}; name another folder")
 

@@ -70,7 +70,8 @@ def read_lines(path: str | None) -> list[str]:
         raise ConfigError(f"input: {path} is a directory; give a text file with one sentence per line") from None
     except FileNotFoundError:
         raise ConfigError(f"input: {path} not found") from None
-    if data.startswith(b"\x1f\x8b"):  # gzip's magic bytes: read as the corpus reader reads a compressed corpus
+    compressed = data.startswith(b"\x1f\x8b")  # gzip's magic bytes: read as the corpus reader reads a compressed corpus
+    if compressed:
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as error:
@@ -80,7 +81,7 @@ def read_lines(path: str | None) -> list[str]:
         rows.pop()  # the newline that ends the last line
     lines = []
     for number, row in enumerate(rows, start=1):
-        if (found := not_plain_text(row, number, path or "FILE")) is not None:  # before any line is translated
+        if (found := not_plain_text(row, number, path or "FILE", compressed)) is not None:  # before any is translated
             raise ConfigError(f"input: {name}:{number}: {found}")
         try:
             lines.append(row.removesuffix(b"\r").decode("utf-8"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import shlex
 import zlib
 from dataclasses import dataclass
 from itertools import zip_longest
@@ -32,38 +33,44 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 
-def _open_binary(path: Path) -> BinaryIO:
-    """Open plain or gzip-compressed files alike (decided by the gzip magic bytes, not the name)."""
+def _is_gzip(path: Path) -> bool:
+    """Whether ``path`` is gzip-compressed (by its magic bytes, not its name)."""
     with open(path, "rb") as probe:
-        compressed = probe.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if compressed else open(path, "rb")  # type: ignore[return-value]
+        return probe.read(2) == b"\x1f\x8b"
 
 
-def not_plain_text(raw: bytes, number: int, name: str | Path) -> str | None:
+def not_plain_text(raw: bytes, number: int, name: str | Path, compressed: bool = False) -> str | None:
     """What a file's line ``number`` (bytes ``raw``) shows it to be, when that is not UTF-8 text but one of two common
     mistakes: UTF-16 (as Windows' editors save "Unicode"), or a file that is not text; None for anything else. The
-    fix names the file, ``name``."""
+    fix is a shell command on the file, ``name`` (gzip-``compressed``: decompressed, then compressed again)."""
     if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return (f"UTF-16, not UTF-8 (it begins with UTF-16's byte-order mark); convert it: "
-                f"iconv -f UTF-16 -t UTF-8 {name} > NEW")
+        return ("UTF-16, not UTF-8 (it begins with UTF-16's byte-order mark); convert it: "
+                + _filtered(name, compressed, "iconv -f UTF-16 -t UTF-8"))
     if (nul := raw.find(b"\0")) >= 0:
         return (f"a NUL byte (byte {nul} of the line): UTF-16 without a byte-order mark, or not a text file? A text "
-                f"file with stray NUL bytes can do without them: tr -d '\\000' < {name} > NEW")
+                "file with stray NUL bytes can do without them: " + _filtered(name, compressed, "tr -d '\\000'"))
     return None
 
 
-def _decode_error(path: Path, block: list[bytes], number: int, offset: int) -> DataError:
-    """The error for the first line of ``block`` (starting at line ``number``, byte ``offset``) that is not UTF-8."""
-    if number == 1 and (found := not_plain_text(block[0], number, path)) is not None:
-        return DataError(f"{path}:1: {found}")
+def _filtered(name: str | Path, compressed: bool, command: str) -> str:
+    """The shell line that writes ``name`` through ``command`` into NEW (compressed again if it was)."""
+    quoted = shlex.quote(str(name))
+    return f"gzip -dc {quoted} | {command} | gzip > NEW.gz" if compressed else f"{command} < {quoted} > NEW"
+
+
+def _decode_error(path: Path, block: list[bytes], number: int, offset: int, compressed: bool) -> DataError:
+    """The error for the first line of ``block`` (starting at line ``number``, byte ``offset``) that is not UTF-8
+    text: not UTF-8, or UTF-16 or a NUL byte (:func:`not_plain_text`)."""
     for raw in block:
+        if (found := not_plain_text(raw, number, path, compressed)) is not None:
+            return DataError(f"{path}:{number}: {found}")
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as err:
             return DataError(f"{path}:{number}: invalid UTF-8 at byte {offset + err.start} "
                              f"(byte {err.start} of the line): {err.reason}")
         number, offset = number + 1, offset + len(raw)
-    return DataError(f"{path}:{number}: invalid UTF-8")  # unreachable: the joined block failed to decode
+    return DataError(f"{path}:{number}: invalid UTF-8")  # unreachable: one of the block's lines is bad
 
 
 def iter_line_blocks(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[list[str]]:
@@ -83,18 +90,18 @@ def iter_line_blocks(path: str | Path, block_bytes: int = 1 << 22) -> Iterator[l
         raise DataError(f"{path}: file not found" if not path.exists() else f"{path}: not a regular file")
     number, offset = 1, 0  # line number and byte offset (in the decompressed file) of the block's first line
     try:
-        with _open_binary(path) as handle:
+        compressed = _is_gzip(path)
+        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as handle:
             while block := handle.readlines(block_bytes):
                 try:
                     text = b"".join(block).decode("utf-8")
                 except UnicodeDecodeError:
-                    raise _decode_error(path, block, number, offset) from None
+                    raise _decode_error(path, block, number, offset, compressed) from None
                 lines = text.split("\n")
                 if lines[-1] == "":  # the block's last line ended with a newline
                     lines.pop()
-                if "\0" in text:
-                    at = next(i for i, line in enumerate(lines) if "\0" in line)
-                    raise DataError(f"{path}:{number + at}: {not_plain_text(block[at], number + at, path)}")
+                if "\0" in text:  # UTF-8 but not text: the line is found as a bad line is
+                    raise _decode_error(path, block, number, offset, compressed)
                 if "\r" in text:
                     lines = [line.removesuffix("\r") for line in lines]
                 if number == 1:

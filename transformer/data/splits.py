@@ -282,13 +282,17 @@ def anchored(cfg: DataConfig) -> DataConfig:
 
 
 def with_local_copy(cfg: DataConfig) -> DataConfig:
-    """A trained run's ``cfg`` as this machine reads its corpus: env ``MULTI30K_DIR``, when set, names this
-    machine's local copy of Multi30k, in place of the copy the run recorded (a folder of the machine and the
-    directory it was trained in, or a relative one that older runs recorded)."""
+    """A trained run's ``cfg`` as this machine reads its corpus. A run records where Multi30k came from and where it
+    went (``data.source_dir``, ``data.dir``): folders of the machine and directory it was trained in, or relative ones
+    in older runs. Where the recorded copy is not here, env ``MULTI30K_DIR`` (when set) names this machine's, as it
+    does for a new run; and where the recorded ``data.dir`` is not here either, the files go where a new run puts
+    them (``data/multi30k``). Checked against their digests wherever they are, so the run reads the same corpus."""
     local = os.environ.get("MULTI30K_DIR")
     if cfg.corpus is not CorpusKind.multi30k or not local:
         return cfg
-    return replace(cfg, source_dir=str(Path(local).absolute()))
+    if cfg.source_dir is not None and Path(cfg.source_dir).is_dir():  # the recorded copy is here
+        return cfg
+    return replace(cfg, source_dir=local, dir=cfg.dir if cfg.dir is None or Path(cfg.dir).is_dir() else None)
 
 
 def refuse_unknown_split(cfg: DataConfig, split: str) -> None:

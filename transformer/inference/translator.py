@@ -6,7 +6,7 @@ trained model.
     translator = Translator.load("exports/en_de")                  # CTranslate2 (transformer-export)
     translator.translate(["A man rides a bike."], beam_size=1)      # -> [["Ein Mann fährt Fahrrad."]]
     translator.translate_scored(["A man rides a bike."], beam_size=4, n_best=2)
-    # -> [[Translation(text="Ein Mann fährt Fahrrad.", score=-0.21, pieces=("▁Ein", "▁Mann", ...)), ...]]
+    # -> [[Translation(text="Ein Mann fährt auf einem Fahrrad.", score=-0.269, pieces=("▁Ein", ...)), ...]]
 
 Both backends search with the ``eval`` settings given to :meth:`Translator.load` (default: ``EvalConfig``'s beam
 search for a run or checkpoint, the settings it was exported with for an export); a call may change ``beam_size``
